@@ -1,0 +1,140 @@
+// Cursor — the one checked byte reader over perf.data bytes.
+//
+//   Cursor c(bytes, swap, "perf.data", file_offset_of(bytes));
+//   uint32_t type = c.read<uint32_t>();     // memcpy + bounds check + byte swap
+//   auto name = c.bytes(16);                // zero-copy span, bounds checked
+//   c.check_count(nr, sizeof(uint64_t));    // before looping over nr u64s
+//
+// Fields are never reinterpret_cast out of the file: perf.data is only 8-byte
+// aligned by convention and pipe-mode data after HEADER_TRACING_DATA is only
+// 4-byte aligned. The byte order is decided once, from the magic, and passed
+// in as `swap`. Every failure throws gilscan::Error naming the file and the
+// absolute byte offset.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "gilscan/error.h"
+
+namespace gilscan {
+
+using Bytes = std::span<const uint8_t>;
+
+template <class T>
+constexpr T byteswap_int(T v) {
+    static_assert(std::is_integral_v<T>);
+    if constexpr (sizeof(T) == 1) {
+        return v;
+    } else {
+        using U = std::make_unsigned_t<T>;
+        U u = static_cast<U>(v);
+        U r = 0;
+        for (size_t i = 0; i < sizeof(T); ++i) {
+            r = static_cast<U>((r << 8) | (u & 0xff));
+            u = static_cast<U>(u >> 8);
+        }
+        return static_cast<T>(r);
+    }
+}
+
+// Load an integer of type T from p (no alignment assumed), swapping if asked.
+template <class T>
+inline T load(const uint8_t* p, bool swap) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return swap ? byteswap_int(v) : v;
+}
+
+class Cursor {
+public:
+    Cursor() = default;
+    Cursor(Bytes data, bool swap, const std::string* file, uint64_t base_offset)
+        : data_(data), swap_(swap), file_(file), base_(base_offset) {}
+
+    template <class T>
+    T read() {
+        need(sizeof(T));
+        T v = load<T>(data_.data() + pos_, swap_);
+        pos_ += sizeof(T);
+        return v;
+    }
+
+    Bytes bytes(uint64_t n) {
+        need(n);
+        Bytes b = data_.subspan(pos_, static_cast<size_t>(n));
+        pos_ += static_cast<size_t>(n);
+        return b;
+    }
+
+    void skip(uint64_t n) {
+        need(n);
+        pos_ += static_cast<size_t>(n);
+    }
+
+    // A count read from the file: refuse it before anything loops or allocates.
+    void check_count(uint64_t count, uint64_t elem_size, const char* what) const {
+        if (elem_size != 0 && count > left() / elem_size)
+            fail(std::string(what) + " count " + std::to_string(count) + " exceeds the " +
+                 std::to_string(left()) + " bytes left");
+    }
+
+    // NUL-terminated string stored in a fixed field of n bytes.
+    std::string_view fixed_string(uint64_t n) {
+        Bytes b = bytes(n);
+        const char* s = reinterpret_cast<const char*>(b.data());
+        return std::string_view(s, strnlen(s, b.size()));
+    }
+
+    // NUL-terminated string of unknown length (tracing data).
+    std::string_view cstring() {
+        const char* s = reinterpret_cast<const char*>(data_.data() + pos_);
+        size_t n = strnlen(s, left());
+        if (n == left()) fail("unterminated string");
+        pos_ += n + 1;
+        return std::string_view(s, n);
+    }
+
+    [[noreturn]] void fail(const std::string& reason) const {
+        throw Error(file_ ? *file_ : std::string(), base_ + pos_, reason);
+    }
+
+    size_t left() const { return data_.size() - pos_; }
+    size_t pos() const { return pos_; }
+    void seek(size_t pos) {
+        if (pos > data_.size()) fail("seek past the end");
+        pos_ = pos;
+    }
+    bool swap() const { return swap_; }
+    uint64_t offset() const { return base_ + pos_; }
+    Bytes data() const { return data_; }
+    Bytes rest() const { return data_.subspan(pos_); }
+    const std::string* file() const { return file_; }
+
+private:
+    void need(uint64_t n) const {
+        if (n > left())
+            fail("needs " + std::to_string(n) + " bytes, only " + std::to_string(left()) + " left");
+    }
+
+    Bytes data_;
+    size_t pos_ = 0;
+    bool swap_ = false;
+    const std::string* file_ = nullptr;
+    uint64_t base_ = 0;
+};
+
+// An array of u64 inside the file (callchain ips, user registers), read lazily.
+struct U64Array {
+    Bytes bytes;
+    bool swap = false;
+    size_t size() const { return bytes.size() / 8; }
+    uint64_t operator[](size_t i) const { return load<uint64_t>(bytes.data() + i * 8, swap); }
+};
+
+}  // namespace gilscan

@@ -1,0 +1,108 @@
+// Stage 3: tracepoint samples -> typed scheduler (and GIL uprobe) events,
+// with every field read through the formats embedded in the recording.
+//
+//   TracepointDecoder dec;
+//   switch (dec.kind(ev)) {
+//   case TpKind::SchedSwitch: { SchedSwitch sw; if (dec.decode(smp, ev, swap, sw)) ...; }
+//   ...
+//   }
+//   PrevState st = dec.prev_state(ev, sw.prev_state);   // numeric, per the print fmt masks
+//
+// prev_state is decoded from its number: the letters and the "preempted"
+// bit (TASK_REPORT_MAX, printed "R+") come from the event's print fmt, so
+// kernels before 4.14 (other masks) decode correctly too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gilscan/sample.h"
+#include "gilscan/session.h"
+#include "gilscan/tracepoint_format.h"
+
+namespace gilscan {
+
+enum class TpKind : uint8_t {
+    Other,
+    SchedSwitch,
+    SchedWakeup,
+    SchedWakeupNew,
+    SchedWaking,
+    SchedProcessFork,
+    SchedProcessExit,
+    SchedProcessExec,
+    GilTake,
+    GilTakeReturn,
+    GilDrop,
+    GilDropReturn,
+};
+
+// Uprobe event names: take_gil, take_gil__return, take_gil_1 (perf's suffix
+// for an inlined function placed several times), any group.
+TpKind gil_probe_kind(std::string_view event_name);
+
+struct SchedSwitch {
+    int32_t prev_pid = 0, next_pid = 0;
+    int32_t prev_prio = 0, next_prio = 0;
+    int64_t prev_state = 0;
+    std::string_view prev_comm, next_comm;
+};
+
+struct SchedWake {  // sched_waking / sched_wakeup / sched_wakeup_new
+    int32_t pid = 0;
+    int32_t target_cpu = -1;
+    std::string_view comm;
+};
+
+struct SchedFork {
+    int32_t parent_pid = 0, child_pid = 0;
+    std::string_view parent_comm, child_comm;
+};
+
+struct SchedExit {
+    int32_t pid = 0;
+    std::string_view comm;
+};
+
+enum class StateClass : uint8_t { Runnable, Sleeping, DiskSleep, Stopped, Dead, Idle, Parked, Other };
+
+struct PrevState {
+    StateClass cls = StateClass::Other;
+    bool preempted = false;  // "R+": switched out while runnable
+    std::string letters;     // as perf prints it: "R", "R+", "S", "D", "I", "D|K" ...
+};
+
+// Masks of one kernel's prev_state, parsed from sched_switch's print fmt.
+struct PrevStateTable {
+    std::vector<std::pair<uint64_t, std::string>> flags;  // {0x1,"S"}, {0x2,"D"}, ...
+    uint64_t preempt_bit = 0x100;                         // TASK_REPORT_MAX on >= 4.14
+    static PrevStateTable from_print_fmt(std::string_view print_fmt);
+    PrevState decode(int64_t prev_state) const;
+};
+
+class TracepointDecoder {
+public:
+    TpKind kind(const EventInfo& ev);
+    bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& out);
+    bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedWake& out);
+    bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedFork& out);
+    bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedExit& out);
+    const PrevStateTable& prev_state_table(const EventInfo& ev);
+    uint64_t field_errors() const { return field_errors_; }
+
+private:
+    struct Fields {
+        bool ready = false;
+        TpKind kind = TpKind::Other;
+        const TpField *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr, *e = nullptr, *f = nullptr,
+                      *g = nullptr;
+        PrevStateTable states;
+    };
+    Fields& fields(const EventInfo& ev);
+    std::vector<Fields> by_event_;
+    uint64_t field_errors_ = 0;
+};
+
+}  // namespace gilscan

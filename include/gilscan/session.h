@@ -1,0 +1,113 @@
+// Session — stages 1 and 2: file, header, features, tracing formats, then
+// every record in timestamp order, delivered to an EventSink.
+//
+//   Session s("perf.data");                 // throws gilscan::Error if not a recording
+//   struct MySink : EventSink {
+//       void on_sample(const Sample& smp, const EventInfo& ev) override { ... }
+//   } sink;
+//   s.run(sink);
+//   s.stats().lost_events, s.stats().warnings
+//
+// Works the same on file-mode and pipe-mode recordings (where attrs, tracing
+// data and features arrive as records) and on zstd-compressed ones. A record
+// that cannot be decoded is counted in stats().malformed and skipped; a data
+// stream that cannot be framed any further (cut file) stops with a warning.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gilscan/features.h"
+#include "gilscan/header.h"
+#include "gilscan/kernel_records.h"
+#include "gilscan/mapped_file.h"
+#include "gilscan/ordering.h"
+#include "gilscan/record_stream.h"
+#include "gilscan/sample.h"
+#include "gilscan/tracing_data.h"
+
+namespace gilscan {
+
+struct EventInfo {
+    int index = 0;
+    PerfEventAttr attr;
+    std::string name;                 // "sched:sched_switch", "python:take_gil__return", ...
+    const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
+};
+
+struct DecodeStats {
+    uint64_t records = 0;
+    std::map<uint32_t, uint64_t> records_by_type;
+    std::map<int, uint64_t> samples_by_event;  // EventInfo::index -> count
+    uint64_t lost_records = 0;      // PERF_RECORD_LOST records
+    uint64_t lost_events = 0;       // sum of their `lost` fields
+    uint64_t lost_samples = 0;      // PERF_RECORD_LOST_SAMPLES totals
+    std::map<uint32_t, uint64_t> lost_by_cpu;
+    uint64_t malformed = 0;
+    uint64_t first_malformed_offset = 0;
+    std::string first_malformed_reason;
+    uint64_t unknown_types = 0;
+    uint64_t unknown_ids = 0;
+    uint64_t out_of_order = 0;
+    uint64_t compressed_records = 0;
+    uint64_t first_time = 0, last_time = 0;
+    bool have_time = false;
+    bool truncated = false;
+    std::vector<std::string> warnings;
+};
+
+class EventSink {
+public:
+    virtual ~EventSink() = default;
+    virtual void on_sample(const Sample&, const EventInfo&) {}
+    virtual void on_comm(const CommEvent&) {}
+    virtual void on_fork(const TaskEvent&) {}
+    virtual void on_exit(const TaskEvent&) {}
+    virtual void on_mmap(const MmapEvent&) {}
+    virtual void on_lost(const LostEvent&) {}
+};
+
+class Session {
+public:
+    explicit Session(const std::string& path);
+    ~Session();
+
+    void run(EventSink& sink);
+
+    const std::string& path() const { return file_.path(); }
+    uint64_t file_size() const { return file_.size(); }
+    const FileHeader& header() const { return header_; }
+    const Features& features() const { return features_; }
+    const TracingData& tracing() const { return tracing_; }
+    const std::vector<EventInfo>& events() const { return events_; }
+    const DecodeStats& stats() const { return stats_; }
+    bool swap() const { return header_.swap; }
+    // The clock the timestamps are on (from attr.clockid / HEADER_CLOCKID).
+    std::string clock() const;
+
+private:
+    void add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids);
+    void resolve_names_and_formats();
+    void set_tracing(Bytes data, uint64_t offset);
+    void handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink);
+    int event_for(const RawRecord& r);
+    void deliver(const RawRecord& r, int event_index, EventSink& sink);
+    void warn(std::string w);
+
+    MappedFile file_;
+    FileHeader header_;
+    Features features_;
+    TracingData tracing_;
+    bool have_tracing_ = false;
+    std::vector<EventInfo> events_;
+    std::unordered_map<uint64_t, int> id_to_event_;
+    IdLayout layout_;
+    bool layout_set_ = false;
+    DecodeStats stats_;
+};
+
+}  // namespace gilscan

@@ -1,0 +1,152 @@
+// Stage: per-thread scheduler state machines -> state spans.
+//
+//   Timeline tl(session, sink);          // sink receives every closed Span
+//   session.run(tl);                     // Timeline is an EventSink
+//   tl.finish(session.stats().last_time) // cut spans still open, mark them
+//   for (const ThreadStats& t : tl.threads()) ...
+//
+// States come from sched_switch (prev_state decoded numerically), wake-ups
+// (sched_waking / sched_wakeup / sched_wakeup_new) and process events. A
+// sleep starts at the switch-out and ends at the first wake-up or switch-in
+// of that thread after it. A waking that reaches a thread a few microseconds
+// before its own switch-out is seen (the kernel's try_to_wake_up racing
+// __schedule on another CPU) ends that sleep at once instead of leaving it
+// open until the next wake-up. LOST records make the states of the threads
+// last seen on that CPU unknown until their next event.
+//
+// sched_switch fires in the context of the task switched out, so a recording
+// of one process (not -a) never sees its threads switched in by another
+// process's task. A thread woken or preempted and next seen as the current
+// task of a sample was switched in unseen: that interval is "on a CPU or
+// waiting for one" and is counted as running (hidden_switch_ins counts them).
+// Spans are emitted only for monitored threads (seen as a sample's current
+// task): a per-process recording names other processes' tasks only as
+// switch-in targets and wake-up targets, whose states it cannot follow.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "gilscan/sched_events.h"
+#include "gilscan/session.h"
+
+namespace gilscan {
+
+enum class SpanKind : uint8_t { Running, Runnable, Sleep, DiskSleep, Other, Unknown };
+
+// What a sleep was, as far as the switch-out sample tells (filled by the GIL
+// classifier stage when it has stacks; "S"/"D" otherwise).
+struct SleepLabel {
+    std::string name;       // "S", "S(GIL)", "S(GIL handoff)", "D", ...
+    std::string evidence;   // e.g. the matching frame
+    bool gil = false;       // counts towards gil_sleep_us
+};
+
+struct Span {
+    int32_t tgid = -1, tid = -1;
+    uint64_t start = 0, end = 0;
+    SpanKind kind = SpanKind::Unknown;
+    std::string_view name;     // "R", "R+", "S", "D", "S(GIL)", "T", "unknown", ...
+    std::string_view state;    // prev_state letters as perf prints them
+    std::string_view evidence;
+    int32_t waker = -1;        // thread whose wake-up ended the sleep / runnable wait
+    uint32_t cpu = ~0u;
+    bool cut_at_end = false;   // still open when the recording ended
+    bool woken_before_switch = false;
+    bool preempted = false;    // runnable because switched out while runnable
+};
+
+class SpanSink {
+public:
+    virtual ~SpanSink() = default;
+    virtual void span(const Span& s) = 0;
+};
+
+struct ThreadStats {
+    int32_t tid = -1, tgid = -1;
+    std::string comm;
+    uint64_t first_seen = 0, last_seen = 0;
+    uint64_t running_ns = 0, runnable_ns = 0, sleep_ns = 0, disk_ns = 0, other_ns = 0, unknown_ns = 0;
+    uint64_t sleep_count = 0, disk_count = 0;
+    uint64_t gil_sleep_ns = 0, gil_sleep_count = 0;
+    uint64_t switches_out = 0;
+    uint64_t hidden_switch_ins = 0;  // woken/preempted, then seen running with no switch-in
+    bool exited = false;
+    bool seen_switch = false;
+    bool monitored = false;  // seen as the current task of a sample: its events are recorded
+};
+
+using SleepClassifier = std::function<SleepLabel(const Sample&, const EventInfo&, const PrevState&)>;
+
+class Timeline : public EventSink {
+public:
+    Timeline(const Session& session, SpanSink& sink);
+
+    void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
+
+    void on_sample(const Sample& s, const EventInfo& ev) override;
+    void on_comm(const CommEvent& e) override;
+    void on_fork(const TaskEvent& e) override;
+    void on_exit(const TaskEvent& e) override;
+    void on_lost(const LostEvent& e) override;
+
+    // Cut every open span at `end` (the recording's last timestamp).
+    void finish(uint64_t end);
+
+    // Threads in first-seen order (a tid reused after exit gets a new entry).
+    std::vector<ThreadStats> threads() const;
+    uint64_t wakeups_while_running() const { return wake_while_running_; }
+    uint64_t sched_events() const { return sched_events_; }
+    const TracepointDecoder& decoder() const { return dec_; }
+
+    static constexpr uint64_t kWakeRaceWindowNs = 200'000;
+
+private:
+    struct Thread {
+        ThreadStats st;
+        SpanKind state = SpanKind::Unknown;
+        bool known = false;        // state is meaningful (else: not yet seen / after a loss)
+        uint64_t since = 0;
+        uint32_t cpu = ~0u;
+        uint64_t last_own = 0;     // last time this thread was the current task in a sample
+        std::string state_letters;
+        SleepLabel label;
+        bool preempted = false;
+        int32_t waker = -1;
+        uint64_t early_wake = 0;   // waking seen while still running
+        int32_t early_waker = -1;
+        bool has_early_wake = false;
+        bool dead = false;
+    };
+
+    Thread& thread(int32_t tid, uint64_t t);
+    void set_tgid(Thread& th, int32_t tgid);
+    void close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as = std::nullopt);
+    void emit(Thread& th, uint64_t start, uint64_t end, bool cut);
+    void switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s, const EventInfo& ev);
+    void switch_in(Thread& th, uint64_t t, uint32_t cpu);
+    void wake(Thread& th, uint64_t t, int32_t waker);
+    void touch(Thread& th, uint64_t t);
+    void own_event(Thread& th, uint64_t t);
+
+    const Session& session_;
+    SpanSink& sink_;
+    TracepointDecoder dec_;
+    SleepClassifier classifier_;
+    std::deque<Thread> all_;  // deque: references stay valid as threads are added
+    std::unordered_map<int32_t, size_t> live_;  // tid -> index in all_
+    std::unordered_map<uint32_t, uint64_t> cpu_last_;  // last event time per CPU
+    uint64_t wake_while_running_ = 0;
+    uint64_t sched_events_ = 0;
+    uint64_t last_time_ = 0;
+};
+
+std::string_view span_kind_name(SpanKind k);
+
+}  // namespace gilscan

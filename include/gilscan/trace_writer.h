@@ -1,0 +1,70 @@
+// Stage: Chrome trace JSON (Perfetto, chrome://tracing, VizTracer --combine),
+// streamed span by span — the trace is never held in memory.
+//
+//   OutputFile out("trace.json");
+//   TraceWriter tw(out, {.running = false});
+//   Timeline tl(session, tw);  session.run(tl);  tl.finish(end);
+//   tw.finish(tl.threads(), meta);   // thread/process names, metadata
+//   out.commit();
+//
+// Layout: {"traceEvents":[...],"viztracer_metadata":{...},"otherData":{...}}.
+// pid = process (tgid), tid = thread; ts/dur in microseconds with three
+// decimals (nanosecond precision) on the recording's own clock, so a
+// `perf record -k CLOCK_MONOTONIC` trace lines up with VizTracer's.
+// Sleeps are complete events named like per4m's: "S", "S(GIL)", "D"; runnable
+// time "R+"; running "R" only with `running`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "gilscan/output_file.h"
+#include "gilscan/timeline.h"
+
+namespace gilscan {
+
+struct TraceOptions {
+    bool running = false;   // per4m's --running
+    bool runnable = true;
+    bool sleeping = true;
+    std::unordered_set<int32_t> pids;  // only these processes (empty: all)
+};
+
+struct TraceMeta {
+    std::string source_file;
+    std::string clock;
+    std::string hostname;
+    std::string cmdline;
+};
+
+class TraceWriter : public SpanSink {
+public:
+    TraceWriter(OutputFile& out, TraceOptions opt);
+    void span(const Span& s) override;
+    // Generic complete event on another track (e.g. GIL spans of later stages).
+    void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
+                  uint64_t end_ns, std::string_view args_json = {});
+    void finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta);
+    uint64_t events_written() const { return events_; }
+
+private:
+    void begin_event();
+    void put(std::string_view s) { line_.append(s); }
+    void put_int(int64_t v);
+    void put_us(uint64_t ns);
+    void put_str(std::string_view s);
+    void flush_line();
+
+    OutputFile& out_;
+    TraceOptions opt_;
+    std::string line_;
+    uint64_t events_ = 0;
+};
+
+// JSON string escaping (quotes included), for comm names and evidence.
+void append_json_string(std::string& out, std::string_view s);
+
+}  // namespace gilscan

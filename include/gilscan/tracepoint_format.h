@@ -1,0 +1,56 @@
+// Tracepoint format files (events/<system>/<name>/format) and field access.
+//
+//   TpFormat f = parse_tracepoint_format("sched", text);      // from tracing data
+//   const TpField* st = f.field("prev_state");                // never hard-code offsets
+//   int64_t state = read_int(raw, *st, swap);
+//   std::string_view comm = read_str(raw, *f.field("prev_comm"), swap);
+//
+// Layouts differ between kernels (sched_waking lost `success` in 5.14; comm
+// fields became __data_loc on some events): always go through these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gilscan/cursor.h"
+
+namespace gilscan {
+
+struct TpField {
+    std::string name;
+    std::string type;  // "long", "char[16]", "__data_loc char[]", ...
+    uint32_t offset = 0;
+    uint32_t size = 0;
+    bool is_signed = false;
+    bool data_loc = false;  // u32: offset (low 16) and length (high 16) of the payload
+    bool rel_loc = false;   // like data_loc, offset relative to the end of the field
+    bool is_array = false;
+};
+
+struct TpFormat {
+    std::string system;
+    std::string name;
+    uint32_t id = 0;
+    std::vector<TpField> fields;
+    std::string print_fmt;
+
+    const TpField* field(std::string_view n) const {
+        for (const auto& f : fields)
+            if (f.name == n) return &f;
+        return nullptr;
+    }
+    std::string full_name() const { return system + ":" + name; }
+};
+
+// Throws std::invalid_argument with a reason when the text is not a format file.
+TpFormat parse_tracepoint_format(std::string_view system, std::string_view text);
+
+// Readers return 0 / "" when the field lies outside `raw` (a short record is
+// per-sample trouble, not a fatal error); `ok` reports it when given.
+uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
+int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
+std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
+
+}  // namespace gilscan

@@ -1,0 +1,170 @@
+// gilscan — where the GIL costs a Python program, from perf.data.
+//
+//   gilscan perf.data -o trace.json [--summary-json s.json] [--running]
+//
+// main reads as the ordered list of stages: file/header/features and records
+// (Session) -> tracepoint formats and thread state machines (Timeline) ->
+// outputs (TraceWriter, summary).
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "gilscan/error.h"
+#include "gilscan/output_file.h"
+#include "gilscan/session.h"
+#include "gilscan/summary.h"
+#include "gilscan/timeline.h"
+#include "gilscan/trace_writer.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: gilscan FILE [options]
+
+Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
+scheduler tracepoints and writes a Chrome trace and a per-thread summary.
+
+  -o, --output FILE        write the Chrome trace JSON to FILE ("-": stdout)
+      --summary-json FILE  write the per-thread summary as JSON
+      --running            include running spans ("R") in the trace
+      --no-runnable        leave runnable spans ("R+") out of the trace
+      --no-sleeping        leave sleep spans out of the trace
+      --pid PID[,PID...]   only these processes (trace and summary)
+  -q, --quiet              no summary table on stdout
+      --version            print the version
+  -h, --help               this text
+
+Record with, for example:
+  perf record -k CLOCK_MONOTONIC -e sched:sched_switch -e sched:sched_wakeup \
+      -e sched:sched_waking -e sched:sched_process_fork -- python3 app.py
+)";
+
+struct Options {
+    std::string input;
+    std::string output;
+    std::string summary_json;
+    bool running = false, runnable = true, sleeping = true, quiet = false;
+    std::unordered_set<int32_t> pids;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+    std::fprintf(stderr, "gilscan: error: %s\n(see gilscan --help)\n", msg.c_str());
+    std::exit(2);
+}
+
+Options parse_args(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&](const char* name) -> std::string {
+            if (i + 1 >= argc) usage_error(std::string(name) + " needs a value");
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        } else if (a == "--version") {
+            std::puts("gilscan 0.1.0");
+            std::exit(0);
+        } else if (a == "-o" || a == "--output") {
+            o.output = value("-o");
+        } else if (a == "--summary-json") {
+            o.summary_json = value("--summary-json");
+        } else if (a == "--running") {
+            o.running = true;
+        } else if (a == "--no-running") {
+            o.running = false;
+        } else if (a == "--no-runnable") {
+            o.runnable = false;
+        } else if (a == "--no-sleeping") {
+            o.sleeping = false;
+        } else if (a == "--pid") {
+            std::string list = value("--pid");
+            size_t pos = 0;
+            while (pos <= list.size()) {
+                size_t comma = list.find(',', pos);
+                if (comma == std::string::npos) comma = list.size();
+                std::string one = list.substr(pos, comma - pos);
+                char* end = nullptr;
+                long v = std::strtol(one.c_str(), &end, 10);
+                if (one.empty() || *end || v <= 0) usage_error("bad --pid value '" + one + "'");
+                o.pids.insert(static_cast<int32_t>(v));
+                pos = comma + 1;
+            }
+        } else if (a == "-q" || a == "--quiet") {
+            o.quiet = true;
+        } else if (!a.empty() && a[0] == '-' && a != "-") {
+            usage_error("unknown option " + a);
+        } else if (o.input.empty()) {
+            o.input = a;
+        } else {
+            usage_error("more than one input file");
+        }
+    }
+    if (o.input.empty()) usage_error("no input file");
+    return o;
+}
+
+int run(const Options& opt) {
+    // 1-2. File, header, features, tracing formats; records in time order.
+    gilscan::Session session(opt.input);
+
+    // Outputs are opened up front but only committed when everything worked.
+    std::unique_ptr<gilscan::OutputFile> trace_out;
+    if (!opt.output.empty()) trace_out = std::make_unique<gilscan::OutputFile>(opt.output);
+    struct NullSink : gilscan::SpanSink {
+        void span(const gilscan::Span&) override {}
+    } null_sink;
+    std::unique_ptr<gilscan::TraceWriter> trace;
+    if (trace_out)
+        trace = std::make_unique<gilscan::TraceWriter>(
+            *trace_out, gilscan::TraceOptions{opt.running, opt.runnable, opt.sleeping, opt.pids});
+
+    // 3-7. Tracepoint decoding and per-thread state machines.
+    gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
+    session.run(timeline);
+    timeline.finish(session.stats().last_time);
+
+    // 8. Outputs.
+    const auto threads = timeline.threads();
+    gilscan::FileSummary summary = gilscan::build_summary(session, threads, opt.pids);
+    if (timeline.decoder().field_errors())
+        summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +
+                                   " tracepoint sample(s) too short for their format");
+    if (timeline.sched_events() == 0)
+        summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
+                                   "record them to see thread states");
+    if (trace) {
+        gilscan::TraceMeta meta{opt.input, summary.clock, summary.hostname, summary.cmdline};
+        trace->finish(threads, meta);
+        trace_out->commit();
+    }
+    if (!opt.summary_json.empty()) {
+        gilscan::OutputFile js(opt.summary_json);
+        js.write(gilscan::summary_json(summary).dump(2));
+        js.write("\n", 1);
+        js.commit();
+    }
+    for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
+    if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options opt = parse_args(argc, argv);
+    try {
+        return run(opt);
+    } catch (const gilscan::Error& e) {
+        std::fprintf(stderr, "gilscan: error: %s\n", e.what());
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "gilscan: error: %s: out of memory\n", opt.input.c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "gilscan: error: %s: %s\n", opt.input.c_str(), e.what());
+    }
+    return 1;
+}

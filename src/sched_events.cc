@@ -1,0 +1,215 @@
+#include "gilscan/sched_events.h"
+
+#include <charconv>
+
+namespace gilscan {
+
+TpKind gil_probe_kind(std::string_view name) {
+    size_t colon = name.rfind(':');
+    std::string_view ev = colon == std::string_view::npos ? name : name.substr(colon + 1);
+    bool ret = false;
+    if (ev.size() > 8 && ev.substr(ev.size() - 8) == "__return") {
+        ret = true;
+        ev.remove_suffix(8);
+    }
+    // perf probe's duplicate suffix: take_gil_1, take_gil_2, ...
+    size_t us = ev.rfind('_');
+    if (us != std::string_view::npos && us + 1 < ev.size()) {
+        bool digits = true;
+        for (char ch : ev.substr(us + 1)) digits &= ch >= '0' && ch <= '9';
+        if (digits) ev = ev.substr(0, us);
+    }
+    if (ev == "take_gil") return ret ? TpKind::GilTakeReturn : TpKind::GilTake;
+    if (ev == "drop_gil") return ret ? TpKind::GilDropReturn : TpKind::GilDrop;
+    return TpKind::Other;
+}
+
+PrevStateTable PrevStateTable::from_print_fmt(std::string_view fmt) {
+    PrevStateTable t;
+    // Pairs like { 0x00000001, "S" } or { 1, "S" } inside __print_flags(...).
+    size_t pos = fmt.find("__print_flags");
+    if (pos == std::string_view::npos) {
+        t.flags = {{0x1, "S"}, {0x2, "D"}, {0x4, "T"}, {0x8, "t"}, {0x10, "X"}, {0x20, "Z"}, {0x40, "P"}, {0x80, "I"}};
+        return t;
+    }
+    uint64_t highest = 0;
+    while ((pos = fmt.find('{', pos)) != std::string_view::npos) {
+        size_t close = fmt.find('}', pos);
+        if (close == std::string_view::npos) break;
+        std::string_view pair = fmt.substr(pos + 1, close - pos - 1);
+        pos = close + 1;
+        size_t comma = pair.find(',');
+        size_t q1 = pair.find('"'), q2 = pair.rfind('"');
+        if (comma == std::string_view::npos || q1 == std::string_view::npos || q2 <= q1) continue;
+        std::string_view num = pair.substr(0, comma);
+        while (!num.empty() && num.front() == ' ') num.remove_prefix(1);
+        while (!num.empty() && num.back() == ' ') num.remove_suffix(1);
+        int base = 10;
+        if (num.size() > 2 && num[0] == '0' && (num[1] == 'x' || num[1] == 'X')) {
+            num.remove_prefix(2);
+            base = 16;
+        }
+        uint64_t v = 0;
+        auto r = std::from_chars(num.data(), num.data() + num.size(), v, base);
+        if (r.ec != std::errc() || v == 0) continue;
+        t.flags.emplace_back(v, std::string(pair.substr(q1 + 1, q2 - q1 - 1)));
+        highest = std::max(highest, v);
+    }
+    // The "+" bit is the next power of two above the last state letter
+    // (TASK_REPORT_MAX on >= 4.14, TASK_STATE_MAX before).
+    if (highest) t.preempt_bit = highest << 1;
+    return t;
+}
+
+PrevState PrevStateTable::decode(int64_t prev_state) const {
+    PrevState s;
+    uint64_t v = static_cast<uint64_t>(prev_state);
+    s.preempted = (v & preempt_bit) != 0;
+    uint64_t bits = v & (preempt_bit - 1);
+    if (bits == 0) {
+        s.cls = StateClass::Runnable;
+        s.letters = s.preempted ? "R+" : "R";
+        return s;
+    }
+    bool first = true;
+    uint64_t known = 0;
+    for (const auto& [mask, letter] : flags) {
+        if (!(bits & mask)) continue;
+        known |= mask;
+        if (!first) s.letters += '|';
+        s.letters += letter;
+        first = false;
+    }
+    if (bits & ~known) {
+        if (!first) s.letters += '|';
+        char buf[24];
+        auto r = std::to_chars(buf, buf + sizeof buf, bits & ~known, 16);
+        s.letters += "0x" + std::string(buf, r.ptr);
+    }
+    if (s.preempted) s.letters += '+';
+    // Classify by the most telling letter.
+    auto has = [&](std::string_view l) {
+        for (const auto& [mask, letter] : flags)
+            if (letter == l && (bits & mask)) return true;
+        return false;
+    };
+    if (has("D"))
+        s.cls = StateClass::DiskSleep;
+    else if (has("S"))
+        s.cls = StateClass::Sleeping;
+    else if (has("T") || has("t"))
+        s.cls = StateClass::Stopped;
+    else if (has("X") || has("Z"))
+        s.cls = StateClass::Dead;
+    else if (has("I"))
+        s.cls = StateClass::Idle;
+    else if (has("P"))
+        s.cls = StateClass::Parked;
+    else
+        s.cls = StateClass::Other;
+    return s;
+}
+
+TracepointDecoder::Fields& TracepointDecoder::fields(const EventInfo& ev) {
+    if (by_event_.size() <= static_cast<size_t>(ev.index)) by_event_.resize(static_cast<size_t>(ev.index) + 1);
+    Fields& f = by_event_[static_cast<size_t>(ev.index)];
+    if (f.ready) return f;
+    f.ready = true;
+    const TpFormat* fmt = ev.format;
+    if (!fmt) return f;
+    std::string n = fmt->full_name();
+    auto need = [&](std::initializer_list<const TpField*> fs) {
+        for (auto* p : fs)
+            if (!p) return false;
+        return true;
+    };
+    if (n == "sched:sched_switch") {
+        f.a = fmt->field("prev_pid");
+        f.b = fmt->field("next_pid");
+        f.c = fmt->field("prev_state");
+        f.d = fmt->field("prev_comm");
+        f.e = fmt->field("next_comm");
+        f.f = fmt->field("prev_prio");
+        f.g = fmt->field("next_prio");
+        if (need({f.a, f.b, f.c})) f.kind = TpKind::SchedSwitch;
+        f.states = PrevStateTable::from_print_fmt(fmt->print_fmt);
+    } else if (n == "sched:sched_waking" || n == "sched:sched_wakeup" || n == "sched:sched_wakeup_new") {
+        f.a = fmt->field("pid");
+        f.b = fmt->field("target_cpu");
+        f.d = fmt->field("comm");
+        if (need({f.a}))
+            f.kind = n == "sched:sched_waking"  ? TpKind::SchedWaking
+                     : n == "sched:sched_wakeup" ? TpKind::SchedWakeup
+                                                 : TpKind::SchedWakeupNew;
+    } else if (n == "sched:sched_process_fork") {
+        f.a = fmt->field("parent_pid");
+        f.b = fmt->field("child_pid");
+        f.d = fmt->field("parent_comm");
+        f.e = fmt->field("child_comm");
+        if (need({f.a, f.b})) f.kind = TpKind::SchedProcessFork;
+    } else if (n == "sched:sched_process_exit") {
+        f.a = fmt->field("pid");
+        f.d = fmt->field("comm");
+        if (need({f.a})) f.kind = TpKind::SchedProcessExit;
+    } else if (n == "sched:sched_process_exec") {
+        f.kind = TpKind::SchedProcessExec;
+    } else {
+        f.kind = gil_probe_kind(ev.name);
+    }
+    return f;
+}
+
+TpKind TracepointDecoder::kind(const EventInfo& ev) { return fields(ev).kind; }
+
+const PrevStateTable& TracepointDecoder::prev_state_table(const EventInfo& ev) { return fields(ev).states; }
+
+bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& o) {
+    Fields& f = fields(ev);
+    if (f.kind != TpKind::SchedSwitch) return false;
+    bool ok = true;
+    o.prev_pid = static_cast<int32_t>(read_int(s.raw, *f.a, swap, &ok));
+    o.next_pid = static_cast<int32_t>(read_int(s.raw, *f.b, swap, &ok));
+    o.prev_state = read_int(s.raw, *f.c, swap, &ok);
+    if (f.d) o.prev_comm = read_str(s.raw, *f.d, swap);
+    if (f.e) o.next_comm = read_str(s.raw, *f.e, swap);
+    if (f.f) o.prev_prio = static_cast<int32_t>(read_int(s.raw, *f.f, swap));
+    if (f.g) o.next_prio = static_cast<int32_t>(read_int(s.raw, *f.g, swap));
+    if (!ok) ++field_errors_;
+    return ok;
+}
+
+bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedWake& o) {
+    Fields& f = fields(ev);
+    if (f.kind != TpKind::SchedWaking && f.kind != TpKind::SchedWakeup && f.kind != TpKind::SchedWakeupNew)
+        return false;
+    bool ok = true;
+    o.pid = static_cast<int32_t>(read_int(s.raw, *f.a, swap, &ok));
+    if (f.b) o.target_cpu = static_cast<int32_t>(read_int(s.raw, *f.b, swap));
+    if (f.d) o.comm = read_str(s.raw, *f.d, swap);
+    if (!ok) ++field_errors_;
+    return ok;
+}
+
+bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedFork& o) {
+    Fields& f = fields(ev);
+    if (f.kind != TpKind::SchedProcessFork) return false;
+    bool ok = true;
+    o.parent_pid = static_cast<int32_t>(read_int(s.raw, *f.a, swap, &ok));
+    o.child_pid = static_cast<int32_t>(read_int(s.raw, *f.b, swap, &ok));
+    if (f.d) o.parent_comm = read_str(s.raw, *f.d, swap);
+    if (f.e) o.child_comm = read_str(s.raw, *f.e, swap);
+    if (!ok) ++field_errors_;
+    return ok;
+}
+
+bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedExit& o) {
+    Fields& f = fields(ev);
+    if (f.kind != TpKind::SchedProcessExit) return false;
+    bool ok = true;
+    o.pid = static_cast<int32_t>(read_int(s.raw, *f.a, swap, &ok));
+    if (f.d) o.comm = read_str(s.raw, *f.d, swap);
+    if (!ok) ++field_errors_;
+    return ok;
+}
+
+}  // namespace gilscan

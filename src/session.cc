@@ -1,0 +1,316 @@
+#include "gilscan/session.h"
+
+#include <algorithm>
+
+#include "gilscan/perf_abi.h"
+
+namespace gilscan {
+
+namespace {
+constexpr uint64_t PERF_EVENT_UPDATE__NAME = 2;
+constexpr uint64_t kReleaseEvery = 64u << 20;  // drop decoded pages every 64 MiB
+}  // namespace
+
+Session::Session(const std::string& path) : file_(path) {
+    header_ = read_file_header(file_.bytes(), path);
+    if (header_.pipe) return;  // everything else arrives as records
+    for (auto& ea : read_attrs(file_.bytes(), header_, path)) add_event(ea.attr, std::move(ea.ids));
+    if (header_.data_size_was_zero)
+        warn("the header's data size is 0 (perf was killed?): data read to the end of the file, "
+             "header features unavailable");
+    if (header_.truncated)
+        warn("the file is shorter than its header says (data should end at byte " +
+             std::to_string(header_.declared_data_end) + ", file has " + std::to_string(file_.size()) +
+             "): decoding what is there; header features are lost");
+    for (const auto& fs : read_feature_table(file_.bytes(), header_, path)) {
+        Cursor c(file_.bytes().subspan(fs.section.offset, fs.section.size), header_.swap, &file_.path(),
+                 fs.section.offset);
+        try {
+            parse_feature(features_, fs.feature, c);
+        } catch (const Error& e) {
+            warn(std::string("header feature ") + std::to_string(fs.feature) + " unreadable: " + e.what());
+        }
+    }
+    if (!features_.tracing_data.empty()) set_tracing(features_.tracing_data, features_.tracing_data_offset);
+    resolve_names_and_formats();
+}
+
+Session::~Session() = default;
+
+void Session::warn(std::string w) { stats_.warnings.push_back(std::move(w)); }
+
+void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
+    EventInfo ev;
+    ev.index = static_cast<int>(events_.size());
+    ev.attr = attr;
+    IdLayout l = id_layout(attr);
+    if (!layout_set_) {
+        layout_ = l;
+        layout_set_ = true;
+    } else if (l.sample_index != layout_.sample_index || l.trailer_index != layout_.trailer_index) {
+        throw Error(path(), Error::no_offset,
+                    "events place their sample id at different positions; perf cannot read this file either");
+    }
+    for (uint64_t id : ids) id_to_event_[id] = ev.index;
+    events_.push_back(std::move(ev));
+}
+
+void Session::set_tracing(Bytes data, uint64_t offset) {
+    try {
+        tracing_ = parse_tracing_data(data, path(), offset);
+        have_tracing_ = true;
+        for (auto& w : tracing_.warnings) warn("tracing data: " + w);
+    } catch (const Error& e) {
+        warn(std::string("tracing data unreadable: ") + e.what());
+    }
+}
+
+void Session::resolve_names_and_formats() {
+    bool need_tracing = false;
+    for (auto& ev : events_)
+        if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) need_tracing = true;
+    if (need_tracing && !have_tracing_ && !header_.pipe) {
+        std::vector<uint64_t> ids;
+        for (auto& ev : events_)
+            if (ev.attr.type == PERF_TYPE_TRACEPOINT) ids.push_back(ev.attr.config);
+        tracing_ = tracing_data_from_tracefs(ids);
+        have_tracing_ = true;
+        warn("the recording carries no tracepoint formats; took " + std::to_string(tracing_.events.size()) +
+             " of them from this machine's tracefs by id (wrong if recorded on another kernel)");
+    }
+    // EVENT_DESC names, matched by id (or by position when ids are absent).
+    for (size_t i = 0; i < features_.event_desc.size(); ++i) {
+        const EventDesc& d = features_.event_desc[i];
+        int idx = -1;
+        for (uint64_t id : d.ids) {
+            auto it = id_to_event_.find(id);
+            if (it != id_to_event_.end()) {
+                idx = it->second;
+                break;
+            }
+        }
+        if (idx < 0 && d.ids.empty() && i < events_.size()) idx = static_cast<int>(i);
+        if (idx >= 0 && events_[idx].name.empty()) events_[idx].name = d.name;
+    }
+    for (auto& ev : events_) {
+        if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) ev.format = tracing_.by_id(ev.attr.config);
+        if (ev.name.empty()) {
+            if (ev.format)
+                ev.name = ev.format->full_name();
+            else
+                ev.name = "type" + std::to_string(ev.attr.type) + ":config" + std::to_string(ev.attr.config);
+        }
+    }
+}
+
+std::string Session::clock() const {
+    for (const auto& ev : events_)
+        if (ev.attr.use_clockid()) return clock_name(ev.attr.clockid);
+    if (features_.clock_data) return clock_name(static_cast<int32_t>(features_.clock_data->clockid));
+    return "perf_clock";  // the kernel's local clock (sched_clock)
+}
+
+int Session::event_for(const RawRecord& r) {
+    if (events_.size() == 1) return 0;
+    if (events_.empty()) return -1;
+    const bool sample = r.type == PERF_RECORD_SAMPLE;
+    int index = sample ? layout_.sample_index : layout_.trailer_index;
+    if (index < 0) return 0;  // no id in the record: perf uses the first event
+    uint64_t pos = sample ? static_cast<uint64_t>(index) * 8 : r.body.size() - static_cast<uint64_t>(index) * 8;
+    if (r.body.size() < static_cast<uint64_t>(index + 1) * 8 || pos + 8 > r.body.size()) return -2;
+    uint64_t id = load<uint64_t>(r.body.data() + pos, header_.swap);
+    if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
+    auto it = id_to_event_.find(id);
+    return it == id_to_event_.end() ? -2 : it->second;
+}
+
+void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink) {
+    auto deliver = [&](const QueuedRecord& qr) { this->deliver(qr.rec, qr.attr_index, sink); };
+    Cursor c(r.body, header_.swap, &file_.path(), r.offset + 8);
+    switch (r.type) {
+    case PERF_RECORD_FINISHED_ROUND: q.finished_round(deliver); break;
+    case PERF_RECORD_HEADER_ATTR: {
+        PerfEventAttr attr = read_perf_event_attr(c);
+        std::vector<uint64_t> ids;
+        while (c.left() >= 8) ids.push_back(c.read<uint64_t>());
+        add_event(attr, std::move(ids));
+        resolve_names_and_formats();
+        break;
+    }
+    case PERF_RECORD_HEADER_TRACING_DATA:
+        set_tracing(r.extra, r.offset + r.size);
+        for (auto& ev : events_) ev.format = nullptr;
+        resolve_names_and_formats();
+        break;
+    case PERF_RECORD_HEADER_FEATURE: {
+        uint64_t feat = c.read<uint64_t>();
+        if (feat < HEADER_FEAT_BITS) parse_feature(features_, static_cast<unsigned>(feat), c);
+        if (feat == HEADER_EVENT_DESC) resolve_names_and_formats();
+        break;
+    }
+    case PERF_RECORD_EVENT_UPDATE: {
+        uint64_t type = c.read<uint64_t>();
+        uint64_t id = c.read<uint64_t>();
+        if (type == PERF_EVENT_UPDATE__NAME) {
+            auto it = id_to_event_.find(id);
+            if (it != id_to_event_.end()) events_[it->second].name = std::string(c.fixed_string(c.left()));
+        }
+        break;
+    }
+    case PERF_RECORD_HEADER_BUILD_ID: {
+        // Same layout as a HEADER_BUILD_ID feature entry, header included.
+        Bytes whole(r.body.data() - 8, r.size);
+        parse_feature(features_, HEADER_BUILD_ID, Cursor(whole, header_.swap, &file_.path(), r.offset));
+        break;
+    }
+    default: break;  // FINISHED_INIT, ID_INDEX, THREAD_MAP, CPU_MAP, TIME_CONV, STAT*, AUXTRACE*: not needed
+    }
+}
+
+void Session::run(EventSink& sink) {
+    const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
+    const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
+    RecordStream rs(file_.bytes(), begin, end, header_.swap, file_.path());
+    OrderedQueue q;
+    auto deliver = [&](const QueuedRecord& qr) { this->deliver(qr.rec, qr.attr_index, sink); };
+    uint64_t seq = 0, released = begin;
+    RawRecord r;
+    while (rs.next(r)) {
+        ++stats_.records;
+        ++stats_.records_by_type[r.type];
+        if (r.type >= PERF_RECORD_KERNEL_MAX) {
+            try {
+                handle_user_record(r, q, sink);
+            } catch (const Error& e) {
+                if (stats_.malformed++ == 0) {
+                    stats_.first_malformed_offset = r.offset;
+                    stats_.first_malformed_reason = e.what();
+                }
+            }
+            if (r.type > PERF_RECORD_COMPRESSED2) ++stats_.unknown_types;
+            continue;
+        }
+        int ev = event_for(r);
+        if (ev < 0) {
+            ++stats_.unknown_ids;
+            continue;
+        }
+        // Timestamp: a sample's TIME field, else the sample_id_all trailer.
+        const PerfEventAttr& attr = events_[ev].attr;
+        uint64_t time = 0;
+        bool has_time = false;
+        if (r.type == PERF_RECORD_SAMPLE) {
+            int ti = sample_time_index(attr.sample_type);
+            if (ti >= 0 && r.body.size() >= static_cast<size_t>(ti + 1) * 8) {
+                time = load<uint64_t>(r.body.data() + ti * 8, header_.swap);
+                has_time = true;
+            }
+        } else if (attr.sample_id_all() && (attr.sample_type & PERF_SAMPLE_TIME)) {
+            SampleId sid;
+            if (parse_sample_id_trailer(r.body, attr, header_.swap, sid)) {
+                time = sid.time;
+                has_time = true;
+            }
+        }
+        if (!has_time) {
+            this->deliver(r, ev, sink);  // as perf does for records without a time
+            continue;
+        }
+        q.push(QueuedRecord{time, seq++, r, ev}, deliver);
+        if (!header_.pipe && rs.position() - released > kReleaseEvery) {
+            uint64_t lo = q.lowest_offset(rs.position());
+            if (lo > released) {
+                file_.release(released, lo - released);
+                released = lo;
+            }
+        }
+    }
+    q.flush_all(deliver);
+    stats_.out_of_order = q.out_of_order();
+    stats_.compressed_records = rs.compressed_records();
+    for (const auto& w : rs.warnings()) warn(w);
+    if (rs.stopped()) {
+        stats_.truncated = true;
+        warn(rs.stop_reason() + " at byte " + std::to_string(rs.stop_offset()) +
+             "; results cover the data before it");
+    }
+    if (stats_.malformed)
+        warn(std::to_string(stats_.malformed) + " malformed record(s) skipped, the first at byte " +
+             std::to_string(stats_.first_malformed_offset) + ": " + stats_.first_malformed_reason);
+    if (stats_.unknown_ids) warn(std::to_string(stats_.unknown_ids) + " record(s) with an unknown event id skipped");
+    if (stats_.out_of_order)
+        warn(std::to_string(stats_.out_of_order) + " record(s) arrived out of time order");
+    if (stats_.lost_records)
+        warn(std::to_string(stats_.lost_events) + " event(s) lost in " + std::to_string(stats_.lost_records) +
+             " LOST record(s); affected intervals are marked unknown");
+    if (stats_.lost_samples) warn(std::to_string(stats_.lost_samples) + " sample(s) dropped by the kernel (LOST_SAMPLES)");
+}
+
+void Session::deliver(const RawRecord& r, int event_index, EventSink& sink) {
+    const EventInfo& ev = events_[event_index];
+    const bool swap = header_.swap;
+    try {
+        switch (r.type) {
+        case PERF_RECORD_SAMPLE: {
+            Sample s;
+            parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
+            ++stats_.samples_by_event[event_index];
+            if (s.has_time) {
+                if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;
+                stats_.last_time = std::max(stats_.last_time, s.time);
+                stats_.have_time = true;
+            }
+            sink.on_sample(s, ev);
+            break;
+        }
+        case PERF_RECORD_COMM: {
+            CommEvent e;
+            decode_comm(r.body, r.misc, ev.attr, swap, e);
+            sink.on_comm(e);
+            break;
+        }
+        case PERF_RECORD_FORK:
+        case PERF_RECORD_EXIT: {
+            TaskEvent e;
+            decode_task(r.body, ev.attr, swap, e);
+            if (r.type == PERF_RECORD_FORK)
+                sink.on_fork(e);
+            else
+                sink.on_exit(e);
+            break;
+        }
+        case PERF_RECORD_MMAP:
+        case PERF_RECORD_MMAP2: {
+            MmapEvent e;
+            decode_mmap(r.body, r.type, r.misc, ev.attr, swap, e);
+            sink.on_mmap(e);
+            break;
+        }
+        case PERF_RECORD_LOST:
+        case PERF_RECORD_LOST_SAMPLES: {
+            LostEvent e;
+            decode_lost(r.body, r.type, ev.attr, swap, e);
+            if (e.samples) {
+                stats_.lost_samples += e.lost;
+            } else {
+                ++stats_.lost_records;
+                stats_.lost_events += e.lost;
+            }
+            stats_.lost_by_cpu[e.sid.cpu] += e.lost;
+            sink.on_lost(e);
+            break;
+        }
+        default:
+            // SWITCH, KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
+            if (r.type > PERF_RECORD_AUX_OUTPUT_HW_ID && r.type < PERF_RECORD_KERNEL_MAX) ++stats_.unknown_types;
+            break;
+        }
+    } catch (const Error& e) {
+        if (stats_.malformed++ == 0) {
+            stats_.first_malformed_offset = r.offset;
+            stats_.first_malformed_reason = e.what();
+        }
+    }
+}
+
+}  // namespace gilscan

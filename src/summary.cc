@@ -1,0 +1,144 @@
+#include "gilscan/summary.h"
+
+#include <algorithm>
+
+#include "gilscan/perf_abi.h"
+
+namespace gilscan {
+
+FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
+                          const std::unordered_set<int32_t>& pids) {
+    FileSummary fs;
+    const DecodeStats& st = s.stats();
+    fs.file = s.path();
+    fs.clock = s.clock();
+    fs.hostname = s.features().hostname;
+    fs.perf_version = s.features().perf_version;
+    for (const auto& a : s.features().cmdline) fs.cmdline += (fs.cmdline.empty() ? "" : " ") + a;
+    fs.first_time = st.first_time;
+    fs.last_time = st.last_time;
+    fs.lost_events = st.lost_events;
+    fs.lost_records = st.lost_records;
+    fs.lost_samples = st.lost_samples;
+    fs.lost_by_cpu = st.lost_by_cpu;
+    fs.warnings = st.warnings;
+    fs.pipe_mode = s.header().pipe;
+    fs.compressed = st.compressed_records > 0;
+    fs.truncated = st.truncated;
+    for (const auto& [idx, n] : st.samples_by_event) fs.event_counts[s.events()[idx].name] += n;
+    for (const auto& t : threads) {
+        if (t.tid <= 0) continue;
+        int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
+        if (!pids.empty() && !pids.count(pid)) continue;
+        if (!t.monitored) continue;  // named by a record, but its events were not recorded
+        ThreadSummary ts;
+        ts.st = t;
+        ts.st.tgid = pid;
+        ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
+        ts.main_thread = t.tid == pid;
+        fs.threads.push_back(std::move(ts));
+    }
+    uint64_t hidden = 0;
+    for (const auto& t : fs.threads) hidden += t.st.hidden_switch_ins;
+    if (hidden)
+        fs.warnings.push_back(std::to_string(hidden) +
+                              " switch-in(s) were not recorded (a per-process recording: sched_switch fires in "
+                              "the context of the task switched out); time between a wake-up or preemption and "
+                              "running again counts as running. Record with -a to measure runnable time.");
+    std::stable_sort(fs.threads.begin(), fs.threads.end(), [](const ThreadSummary& a, const ThreadSummary& b) {
+        return a.st.tgid != b.st.tgid ? a.st.tgid < b.st.tgid : a.st.tid < b.st.tid;
+    });
+    return fs;
+}
+
+namespace {
+double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
+double ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+}  // namespace
+
+void print_summary_table(std::FILE* out, const FileSummary& fs) {
+    std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms recorded):\n\n", fs.file.c_str(), fs.clock.c_str(),
+                 ms(fs.last_time - fs.first_time));
+    const bool gil_wait = std::any_of(fs.threads.begin(), fs.threads.end(), [](auto& t) { return t.gil_wait_ns.has_value(); });
+    std::fprintf(out, "%9s %8s  %-16s %10s %8s %9s %7s %7s %6s %6s", "PID", "TID", "comm", "total(ms)", "run%",
+                 "runnable%", "sleep%", "sleeps", "D%", "?%");
+    if (fs.gil_sleep_known) std::fprintf(out, " %11s", "S(GIL)%");
+    if (gil_wait) std::fprintf(out, " %8s %8s %9s", "no-GIL%", "GIL%", "GIL-wait%");
+    std::fprintf(out, "\n");
+    for (const auto& t : fs.threads) {
+        const uint64_t span = t.span_ns;
+        char pid[24];
+        std::snprintf(pid, sizeof pid, "%d%s", t.st.tgid, t.main_thread ? "*" : "");
+        std::fprintf(out, "%9s %8d  %-16.16s %10.1f %8.1f %9.1f %7.1f %7llu %6.1f %6.1f", pid, t.st.tid,
+                     t.st.comm.c_str(), ms(span), pct(t.st.running_ns, span), pct(t.st.runnable_ns, span),
+                     pct(t.st.sleep_ns, span), static_cast<unsigned long long>(t.st.sleep_count),
+                     pct(t.st.disk_ns, span), pct(t.st.unknown_ns, span));
+        if (fs.gil_sleep_known) std::fprintf(out, " %11.1f", pct(t.gil_sleep_ns.value_or(0), span));
+        if (gil_wait) {
+            if (t.gil_wait_ns)
+                std::fprintf(out, " %8.1f %8.1f %9.1f", pct(t.no_gil_ns.value_or(0), span),
+                             pct(t.gil_hold_ns.value_or(0), span), pct(*t.gil_wait_ns, span));
+            else
+                std::fprintf(out, " %8s %8s %9s", "-", "-", "-");
+        }
+        std::fprintf(out, "\n");
+    }
+    std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events)\n");
+    if (fs.lost_events || fs.lost_samples)
+        std::fprintf(out, "lost: %llu events in %llu LOST records, %llu samples dropped\n",
+                     static_cast<unsigned long long>(fs.lost_events), static_cast<unsigned long long>(fs.lost_records),
+                     static_cast<unsigned long long>(fs.lost_samples));
+}
+
+nlohmann::json summary_json(const FileSummary& fs) {
+    using nlohmann::json;
+    auto us = [](uint64_t ns) { return static_cast<double>(ns) / 1000.0; };
+    auto opt_us = [&](const std::optional<uint64_t>& v) { return v ? json(us(*v)) : json(nullptr); };
+    json j;
+    j["file"] = fs.file;
+    j["clock"] = fs.clock;
+    j["hostname"] = fs.hostname;
+    j["cmdline"] = fs.cmdline;
+    j["perf_version"] = fs.perf_version;
+    j["first_time_ns"] = fs.first_time;
+    j["last_time_ns"] = fs.last_time;
+    j["pipe_mode"] = fs.pipe_mode;
+    j["compressed"] = fs.compressed;
+    j["truncated"] = fs.truncated;
+    j["lost_events"] = fs.lost_events;
+    j["lost_records"] = fs.lost_records;
+    j["lost_samples"] = fs.lost_samples;
+    json per_cpu = json::object();
+    for (const auto& [cpu, n] : fs.lost_by_cpu) per_cpu[cpu == ~0u ? "unknown" : std::to_string(cpu)] = n;
+    j["lost_by_cpu"] = per_cpu;
+    j["event_counts"] = fs.event_counts;
+    j["warnings"] = fs.warnings;
+    json threads = json::array();
+    for (const auto& t : fs.threads) {
+        json r;
+        r["pid"] = t.st.tgid;
+        r["tid"] = t.st.tid;
+        r["comm"] = t.st.comm;
+        r["main_thread"] = t.main_thread;
+        r["span_us"] = us(t.span_ns);
+        r["running_us"] = us(t.st.running_ns);
+        r["runnable_us"] = us(t.st.runnable_ns);
+        r["hidden_switch_ins"] = t.st.hidden_switch_ins;
+        r["sleep_us"] = us(t.st.sleep_ns);
+        r["sleep_count"] = t.st.sleep_count;
+        r["disk_sleep_us"] = us(t.st.disk_ns);
+        r["disk_sleep_count"] = t.st.disk_count;
+        r["other_state_us"] = us(t.st.other_ns);
+        r["unknown_us"] = us(t.st.unknown_ns);
+        r["gil_sleep_us"] = opt_us(t.gil_sleep_ns);
+        r["gil_sleep_count"] = t.gil_sleep_count ? json(*t.gil_sleep_count) : json(nullptr);
+        r["gil_wait_us"] = opt_us(t.gil_wait_ns);
+        r["gil_hold_us"] = opt_us(t.gil_hold_ns);
+        r["no_gil_us"] = opt_us(t.no_gil_ns);
+        threads.push_back(std::move(r));
+    }
+    j["threads"] = std::move(threads);
+    return j;
+}
+
+}  // namespace gilscan

@@ -1,0 +1,347 @@
+#include "gilscan/timeline.h"
+
+namespace gilscan {
+
+std::string_view span_kind_name(SpanKind k) {
+    switch (k) {
+    case SpanKind::Running: return "R";
+    case SpanKind::Runnable: return "R+";
+    case SpanKind::Sleep: return "S";
+    case SpanKind::DiskSleep: return "D";
+    case SpanKind::Other: return "other";
+    case SpanKind::Unknown: return "unknown";
+    }
+    return "unknown";
+}
+
+Timeline::Timeline(const Session& session, SpanSink& sink) : session_(session), sink_(sink) {}
+
+Timeline::Thread& Timeline::thread(int32_t tid, uint64_t t) {
+    auto it = live_.find(tid);
+    if (it != live_.end()) return all_[it->second];
+    Thread th;
+    th.st.tid = tid;
+    (void)t;
+    th.st.first_seen = ~uint64_t{0};  // set by the first scheduler event, not by COMM/FORK
+    th.st.last_seen = 0;
+    live_[tid] = all_.size();
+    all_.push_back(std::move(th));
+    return all_.back();
+}
+
+void Timeline::set_tgid(Thread& th, int32_t tgid) {
+    if (tgid > 0) th.st.tgid = tgid;
+}
+
+void Timeline::touch(Thread& th, uint64_t t) {
+    if (t < th.st.first_seen) th.st.first_seen = t;
+    if (t > th.st.last_seen) th.st.last_seen = t;
+}
+
+void Timeline::own_event(Thread& th, uint64_t t) {
+    th.st.monitored = true;
+    if (th.known && th.state == SpanKind::Runnable && t > th.since) {
+        // Running now, but its switch-in was not recorded: the interval since
+        // the wake-up/preemption cannot be split into runnable and running.
+        ++th.st.hidden_switch_ins;
+        close(th, t, false, SpanKind::Running);
+        th.state = SpanKind::Running;
+        th.state_letters = "R";
+        th.since = t;
+    }
+    th.last_own = t;
+}
+
+void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
+    if (!th.st.monitored) return;  // another process's task in a per-process recording
+    if (end < start) end = start;  // cross-CPU clock jitter: never negative
+    Span s;
+    s.tgid = th.st.tgid > 0 ? th.st.tgid : th.st.tid;
+    s.tid = th.st.tid;
+    s.start = start;
+    s.end = end;
+    s.kind = th.state;
+    s.cpu = th.cpu;
+    s.cut_at_end = cut;
+    s.waker = th.waker;
+    s.preempted = th.preempted;
+    s.state = th.state_letters;
+    const uint64_t d = end - start;
+    switch (th.state) {
+    case SpanKind::Running:
+        s.name = "R";
+        th.st.running_ns += d;
+        break;
+    case SpanKind::Runnable:
+        s.name = "R+";
+        th.st.runnable_ns += d;
+        break;
+    case SpanKind::Sleep:
+        s.name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
+        s.evidence = th.label.evidence;
+        th.st.sleep_ns += d;
+        ++th.st.sleep_count;
+        if (th.label.gil) {
+            th.st.gil_sleep_ns += d;
+            ++th.st.gil_sleep_count;
+        }
+        break;
+    case SpanKind::DiskSleep:
+        s.name = "D";
+        s.evidence = th.label.evidence;
+        th.st.disk_ns += d;
+        ++th.st.disk_count;
+        break;
+    case SpanKind::Other:
+        s.name = th.state_letters;
+        th.st.other_ns += d;
+        break;
+    case SpanKind::Unknown:
+        s.name = "unknown";
+        th.st.unknown_ns += d;
+        break;
+    }
+    sink_.span(s);
+}
+
+void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as) {
+    if (th.known && !th.dead) {
+        if (as) {
+            SpanKind real = th.state;
+            th.state = *as;
+            th.state_letters = "R";
+            emit(th, th.since, t, cut);
+            th.state = real;
+        } else {
+            emit(th, th.since, t, cut);
+        }
+    }
+    th.waker = -1;
+    th.preempted = false;
+    th.label = SleepLabel{};
+}
+
+void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s,
+                          const EventInfo& ev) {
+    ++th.st.switches_out;
+    th.st.seen_switch = true;
+    close(th, t, false);
+    th.known = true;
+    th.since = t;
+    th.cpu = cpu;
+    th.state_letters = ps.letters;
+    switch (ps.cls) {
+    case StateClass::Runnable:
+        th.state = SpanKind::Runnable;
+        th.preempted = true;
+        break;
+    case StateClass::Sleeping:
+    case StateClass::DiskSleep: {
+        th.state = ps.cls == StateClass::Sleeping ? SpanKind::Sleep : SpanKind::DiskSleep;
+        if (classifier_) th.label = classifier_(s, ev, ps);
+        if (th.label.name.empty()) th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
+        // try_to_wake_up on another CPU can trace sched_waking just before
+        // this switch-out is traced: the sleep is over as soon as it starts.
+        if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
+            int32_t waker = th.early_waker;
+            th.waker = waker;
+            emit(th, t, t, false);  // the zero-length sleep, counted as a sleep
+            th.label = SleepLabel{};
+            th.state = SpanKind::Runnable;
+            th.state_letters = "R";
+            th.waker = waker;
+        }
+        break;
+    }
+    case StateClass::Dead:
+        th.dead = true;
+        th.known = false;
+        live_.erase(th.st.tid);
+        break;
+    default:
+        th.state = SpanKind::Other;
+        break;
+    }
+    th.has_early_wake = false;
+}
+
+void Timeline::switch_in(Thread& th, uint64_t t, uint32_t cpu) {
+    close(th, t, false);
+    th.known = true;
+    th.state = SpanKind::Running;
+    th.state_letters = "R";
+    th.since = t;
+    th.cpu = cpu;
+    th.has_early_wake = false;
+}
+
+void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
+    switch (th.state) {
+    case SpanKind::Sleep:
+    case SpanKind::DiskSleep:
+    case SpanKind::Other:
+        if (!th.known) break;
+        th.waker = waker;
+        close(th, t, false);
+        th.state = SpanKind::Runnable;
+        th.state_letters = "R";
+        th.since = t;
+        th.waker = waker;
+        break;
+    case SpanKind::Running:
+        if (th.known) {
+            ++wake_while_running_;
+            th.has_early_wake = true;
+            th.early_wake = t;
+            th.early_waker = waker;
+        }
+        break;
+    case SpanKind::Unknown:
+        if (th.known) close(th, t, false);  // after a loss: the gap ends here
+        th.known = true;
+        th.state = SpanKind::Runnable;
+        th.state_letters = "R";
+        th.since = t;
+        th.waker = waker;
+        break;
+    case SpanKind::Runnable:
+        break;  // the sched_wakeup that follows a sched_waking
+    }
+}
+
+void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
+    TpKind k = dec_.kind(ev);
+    if (k == TpKind::Other) return;
+    const uint64_t t = s.time;
+    last_time_ = std::max(last_time_, t);
+    if (s.cpu != ~0u) cpu_last_[s.cpu] = t;
+    const bool swap = session_.swap();
+    // The sample's own task is running now: learn its process.
+    if (s.tid > 0 && k != TpKind::SchedSwitch) {
+        Thread& cur = thread(s.tid, t);
+        set_tgid(cur, s.pid);
+        touch(cur, t);
+        own_event(cur, t);
+    }
+    switch (k) {
+    case TpKind::SchedSwitch: {
+        SchedSwitch sw;
+        if (!dec_.decode(s, ev, swap, sw)) return;
+        ++sched_events_;
+        if (sw.prev_pid > 0) {
+            Thread& p = thread(sw.prev_pid, t);
+            if (s.tid == sw.prev_pid) set_tgid(p, s.pid);
+            if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
+            touch(p, t);
+            uint64_t last_own = p.last_own;
+            own_event(p, t);
+            p.last_own = last_own;  // the race check below wants the task's previous sign of life
+            PrevState ps = dec_.prev_state_table(ev).decode(sw.prev_state);
+            switch_out(p, t, s.cpu, ps, s, ev);
+            p.last_own = t;
+        }
+        if (sw.next_pid > 0) {
+            Thread& n = thread(sw.next_pid, t);
+            if (n.st.comm.empty()) n.st.comm = std::string(sw.next_comm);
+            touch(n, t);
+            switch_in(n, t, s.cpu);
+        }
+        break;
+    }
+    case TpKind::SchedWaking:
+    case TpKind::SchedWakeup:
+    case TpKind::SchedWakeupNew: {
+        SchedWake w;
+        if (!dec_.decode(s, ev, swap, w)) return;
+        ++sched_events_;
+        if (w.pid <= 0) return;
+        Thread& th = thread(w.pid, t);
+        if (th.st.comm.empty()) th.st.comm = std::string(w.comm);
+        touch(th, t);
+        wake(th, t, s.tid);
+        break;
+    }
+    case TpKind::SchedProcessFork: {
+        SchedFork f;
+        if (!dec_.decode(s, ev, swap, f)) return;
+        ++sched_events_;
+        if (f.child_pid <= 0) return;
+        Thread& c = thread(f.child_pid, t);
+        if (!f.child_comm.empty()) c.st.comm = std::string(f.child_comm);
+        touch(c, t);
+        break;
+    }
+    case TpKind::SchedProcessExit: {
+        SchedExit x;
+        if (!dec_.decode(s, ev, swap, x)) return;
+        ++sched_events_;
+        auto it = live_.find(x.pid);
+        if (it != live_.end()) all_[it->second].st.exited = true;
+        break;
+    }
+    default: break;
+    }
+}
+
+void Timeline::on_comm(const CommEvent& e) {
+    uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
+    Thread& th = thread(e.tid, t);
+    set_tgid(th, e.pid);
+    th.st.comm = std::string(e.comm);
+}
+
+void Timeline::on_fork(const TaskEvent& e) {
+    uint64_t t = e.sid.has_time ? e.sid.time : e.time;
+    auto it = live_.find(e.tid);
+    if (it != live_.end() && (all_[it->second].st.exited || all_[it->second].dead)) live_.erase(it);
+    Thread& th = thread(e.tid, t);
+    set_tgid(th, e.pid);
+    if (th.st.comm.empty()) {
+        auto p = live_.find(e.ptid);
+        if (p != live_.end()) th.st.comm = all_[p->second].st.comm;
+    }
+}
+
+void Timeline::on_exit(const TaskEvent& e) {
+    auto it = live_.find(e.tid);
+    if (it != live_.end()) all_[it->second].st.exited = true;
+}
+
+void Timeline::on_lost(const LostEvent& e) {
+    uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
+    const bool any_cpu = e.sid.cpu == ~0u;
+    uint64_t gap_start = t;
+    if (!any_cpu) {
+        auto it = cpu_last_.find(e.sid.cpu);
+        if (it != cpu_last_.end()) gap_start = std::min(it->second, t);
+    }
+    for (auto& [tid, idx] : live_) {
+        Thread& th = all_[idx];
+        if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
+        if (!any_cpu && th.cpu != e.sid.cpu) continue;
+        uint64_t cut = std::max(th.since, gap_start);
+        close(th, cut, false);
+        th.state = SpanKind::Unknown;
+        th.state_letters = "?";
+        th.since = cut;
+    }
+}
+
+void Timeline::finish(uint64_t end) {
+    for (auto& th : all_) {
+        if (!th.known || th.dead) continue;
+        uint64_t e = std::max(end, th.since);
+        close(th, e, true);
+        th.known = false;
+        touch(th, e);
+    }
+}
+
+std::vector<ThreadStats> Timeline::threads() const {
+    std::vector<ThreadStats> out;
+    out.reserve(all_.size());
+    for (const auto& th : all_) out.push_back(th.st);
+    return out;
+}
+
+}  // namespace gilscan
