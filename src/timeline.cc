@@ -38,8 +38,11 @@ void Timeline::touch(Thread& th, uint64_t t) {
     if (t > th.st.last_seen) th.st.last_seen = t;
 }
 
-void Timeline::own_event(Thread& th, uint64_t t) {
-    th.st.monitored = true;
+void Timeline::own_event(Thread& th, uint64_t t, bool proves_monitored) {
+    // Wake-up tracepoints are delivered to the woken task's events (__perf_task)
+    // with the waker as the sample's task: a waker from an unrecorded process
+    // shows up there, so only other samples prove a thread is recorded.
+    if (proves_monitored) th.st.monitored = true;
     if (th.known && th.state == SpanKind::Runnable && t > th.since) {
         // Running now, but its switch-in was not recorded: the interval since
         // the wake-up/preemption cannot be split into runnable and running.
@@ -65,6 +68,7 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     s.cut_at_end = cut;
     s.waker = th.waker;
     s.preempted = th.preempted;
+    s.woken_before_switch = th.woken_before_switch;
     s.state = th.state_letters;
     const uint64_t d = end - start;
     switch (th.state) {
@@ -145,7 +149,9 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
         if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
             int32_t waker = th.early_waker;
             th.waker = waker;
+            th.woken_before_switch = true;
             emit(th, t, t, false);  // the zero-length sleep, counted as a sleep
+            th.woken_before_switch = false;
             th.label = SleepLabel{};
             th.state = SpanKind::Runnable;
             th.state_letters = "R";
@@ -221,7 +227,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         Thread& cur = thread(s.tid, t);
         set_tgid(cur, s.pid);
         touch(cur, t);
-        own_event(cur, t);
+        own_event(cur, t, k != TpKind::SchedWaking && k != TpKind::SchedWakeup && k != TpKind::SchedWakeupNew);
     }
     switch (k) {
     case TpKind::SchedSwitch: {
@@ -234,7 +240,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
             if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
             touch(p, t);
             uint64_t last_own = p.last_own;
-            own_event(p, t);
+            own_event(p, t, true);
             p.last_own = last_own;  // the race check below wants the task's previous sign of life
             PrevState ps = dec_.prev_state_table(ev).decode(sw.prev_state);
             switch_out(p, t, s.cpu, ps, s, ev);
@@ -320,7 +326,13 @@ void Timeline::on_lost(const LostEvent& e) {
         if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
         if (!any_cpu && th.cpu != e.sid.cpu) continue;
         uint64_t cut = std::max(th.since, gap_start);
-        close(th, cut, false);
+        if (cut > th.since) {
+            close(th, cut, false);
+        } else {
+            th.waker = -1;  // nothing known of this state: it becomes the unknown span
+            th.preempted = false;
+            th.label = SleepLabel{};
+        }
         th.state = SpanKind::Unknown;
         th.state_letters = "?";
         th.since = cut;

@@ -122,6 +122,7 @@ private:
         uint64_t early_wake = 0;   // waking seen while still running
         int32_t early_waker = -1;
         bool has_early_wake = false;
+        bool woken_before_switch = false;
         bool dead = false;
     };
 
@@ -133,7 +134,7 @@ private:
     void switch_in(Thread& th, uint64_t t, uint32_t cpu);
     void wake(Thread& th, uint64_t t, int32_t waker);
     void touch(Thread& th, uint64_t t);
-    void own_event(Thread& th, uint64_t t);
+    void own_event(Thread& th, uint64_t t, bool proves_monitored);
 
     const Session& session_;
     SpanSink& sink_;

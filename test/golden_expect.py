@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Golden expectations for gilscan, computed independently from `perf script`.
+
+perf's own decoder turns the recording into text; this script applies the
+documented timeline rules (README, "Thread states") to that text and writes
+the decoded facts gilscan must reproduce: event counts per name, and per
+monitored thread its sleep count/total and D count/total, in nanoseconds.
+
+    test/golden_expect.py testdata/plain.data > testdata/plain.expected.json
+
+Rules mirrored here (the spec, restated on perf's text):
+- a thread is "monitored" once it is the current task of some sample;
+- a sleep (prev_state S) or D wait starts at the thread's switch-out and ends
+  at the first sched_waking / sched_wakeup / sched_wakeup_new naming it or
+  switch-in of it after that; still open at the last sample: cut there;
+- a waking that names a running thread at most 200 us before that thread's
+  switch-out into S/D, with no sample of the thread in between, ends the
+  sleep at once (zero length; the kernel's ttwu / __schedule race);
+- a woken or preempted thread seen as the current task of a sample is
+  running from then on (its switch-in was not recorded).
+"""
+import json
+import re
+import subprocess
+import sys
+
+RACE_NS = 200_000
+DEBUG = int(__import__('os').environ.get('GOLDEN_DEBUG_TID', '0'))
+LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+"
+                  r"(?P<sec>\d+)\.(?P<ns>\d{9}):\s+(?P<event>\S+):\s*(?P<rest>.*)$")
+
+
+def fields(rest):
+    out = {}
+    for m in re.finditer(r"(\w+)=(\S+)", rest):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def main(path):
+    text = subprocess.run(["perf", "script", "-i", path, "--ns", "-F", "comm,pid,tid,cpu,time,event,trace"],
+                          check=True, capture_output=True, text=True).stdout
+    counts = {}
+    monitored = set()
+    th = {}  # tid -> dict(state, since, last_own, early)
+    res = {}  # tid -> [sleeps, sleep_ns, d, d_ns]
+    last = 0
+
+    def T(tid):
+        return th.setdefault(tid, {"state": None, "since": 0, "last_own": 0, "early": None})
+
+    def R(tid):
+        return res.setdefault(tid, [0, 0, 0, 0])
+
+    def end_wait(tid, t):
+        x = T(tid)
+        if x["state"] in ("S", "D"):
+            if DEBUG == tid:
+                print("sleep", x["state"], x["since"], t, t - x["since"], file=sys.stderr)
+            r = R(tid)
+            if x["state"] == "S":
+                r[0] += 1
+                r[1] += max(0, t - x["since"])
+            else:
+                r[2] += 1
+                r[3] += max(0, t - x["since"])
+
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        ev = m.group("event")
+        counts[ev] = counts.get(ev, 0) + 1
+        t = int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))
+        last = max(last, t)
+        cur = int(m.group("tid"))
+        f = fields(m.group("rest"))
+        if ev == "sched:sched_switch":
+            prev, nxt = int(f["prev_pid"]), int(f["next_pid"])
+            st = f["prev_state"]
+            if prev > 0:
+                monitored.add(prev)
+                x = T(prev)
+                end_wait(prev, t)
+                letters = st.rstrip("+")
+                kind = "D" if "D" in letters else ("S" if "S" in letters else ("R" if letters == "R" else "other"))
+                early = x["early"]
+                x["early"] = None
+                if kind in ("S", "D") and early is not None and early >= x["last_own"] and t - early <= RACE_NS:
+                    r = R(prev)
+                    if kind == "S":
+                        r[0] += 1
+                    else:
+                        r[2] += 1
+                    kind = "R"
+                x["state"], x["since"], x["last_own"] = kind, t, t
+            if nxt > 0:
+                x = T(nxt)
+                end_wait(nxt, t)
+                x["state"], x["since"], x["early"] = "running", t, None
+        else:
+            if cur > 0:
+                if not ev.startswith("sched:sched_wak"):
+                    monitored.add(cur)  # wakers reach the woken task's events from any process
+                x = T(cur)
+                x["last_own"] = t
+                if x["state"] == "R":  # running now: its switch-in was not recorded
+                    x["state"], x["since"] = "running", t
+            if ev in ("sched:sched_waking", "sched:sched_wakeup", "sched:sched_wakeup_new"):
+                tid = int(f["pid"])
+                if tid > 0:
+                    x = T(tid)
+                    if x["state"] in ("S", "D", "other"):
+                        end_wait(tid, t)
+                        x["state"], x["since"] = "R", t
+                    elif x["state"] == "running":
+                        x["early"] = t
+                    elif x["state"] is None:
+                        x["state"], x["since"] = "R", t
+    for tid in list(th):
+        end_wait(tid, last)
+    threads = {str(tid): {"sleep_count": r[0], "sleep_ns": r[1], "disk_count": r[2], "disk_ns": r[3]}
+               for tid, r in sorted(res.items()) if tid in monitored}
+    json.dump({"source": "perf script", "event_counts": counts, "threads": threads}, sys.stdout, indent=1,
+              sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,98 @@
+// Golden end-to-end cases: real recordings made on this machine kind
+// (testdata/record.sh) against facts computed from `perf script` by
+// test/golden_expect.py and stored next to them.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "gilscan/header.h"
+#include "gilscan/mapped_file.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kData = GILSCAN_TESTDATA;
+
+nlohmann::json load_json(const fs::path& p) {
+    std::ifstream f(p);
+    REQUIRE_MESSAGE(f.good(), "missing " << p);
+    return nlohmann::json::parse(f);
+}
+
+std::map<std::string, uint64_t> event_counts(const std::string& path) {
+    Session s(path);
+    struct Null : EventSink {} n;
+    s.run(n);
+    std::map<std::string, uint64_t> out;
+    for (auto& [i, c] : s.stats().samples_by_event) out[s.events()[i].name] += c;
+    return out;
+}
+
+void check_golden(const std::string& name) {
+    CAPTURE(name);
+    fs::path data = kData / (name + ".data");
+    nlohmann::json exp = load_json(kData / (name + ".expected.json"));
+    Analysis a = analyse(data.string());
+    CHECK(a.stats.truncated == false);
+    CHECK(a.stats.malformed == 0);
+    auto counts = event_counts(data.string());
+    for (auto& [ev, n] : exp["event_counts"].items()) {
+        CAPTURE(ev);
+        CHECK(counts[ev] == n.get<uint64_t>());
+    }
+    CHECK(counts.size() == exp["event_counts"].size());
+    size_t checked = 0;
+    for (auto& [tid, e] : exp["threads"].items()) {
+        CAPTURE(tid);
+        const ThreadStats* t = a.thread(std::stoi(tid));
+        REQUIRE(t);
+        CHECK(t->sleep_count == e["sleep_count"].get<uint64_t>());
+        CHECK(t->sleep_ns == e["sleep_ns"].get<uint64_t>());
+        CHECK(t->disk_count == e["disk_count"].get<uint64_t>());
+        CHECK(t->disk_ns == e["disk_ns"].get<uint64_t>());
+        ++checked;
+    }
+    CHECK(checked >= 5);  // the workload's main thread and its four workers at least
+}
+
+}  // namespace
+
+TEST_CASE("golden: plain file") { check_golden("plain"); }
+TEST_CASE("golden: pipe mode") { check_golden("pipe"); }
+TEST_CASE("golden: zstd (-z)") { check_golden("zstd"); }
+TEST_CASE("golden: pipe mode with zstd") { check_golden("pipe_zstd"); }
+TEST_CASE("golden: per-event call-graph mix (dwarf stacks on sched_switch only)") { check_golden("mixed_callgraph"); }
+TEST_CASE("golden: system-wide (-a)") { check_golden("system_wide"); }
+
+TEST_CASE("golden: truncated copy yields the records before the cut and a warning") {
+    // Independent expectation: walk plain.data's record headers up to the cut.
+    MappedFile plain((kData / "plain.data").string());
+    MappedFile cut((kData / "truncated.data").string());
+    FileHeader h = read_file_header(plain.bytes(), plain.path());
+    uint64_t pos = h.data.offset, samples = 0, records = 0;
+    while (pos + 8 <= cut.size()) {
+        uint16_t size = load<uint16_t>(plain.bytes().data() + pos + 6, false);
+        uint32_t type = load<uint32_t>(plain.bytes().data() + pos, false);
+        if (pos + size > cut.size()) break;
+        samples += type == PERF_RECORD_SAMPLE;
+        ++records;
+        pos += size;
+    }
+    REQUIRE(records > 10);
+    Analysis a = analyse((kData / "truncated.data").string());
+    CHECK(a.stats.truncated);
+    CHECK(a.stats.records == records);
+    uint64_t got = 0;
+    for (auto& [i, n] : a.stats.samples_by_event) got += n;
+    CHECK(got == samples);
+    bool offset_named = false;
+    for (auto& w : a.stats.warnings) offset_named |= w.find("at byte " + std::to_string(pos)) != std::string::npos;
+    CHECK(offset_named);
+}

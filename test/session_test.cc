@@ -1,0 +1,225 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "gilscan/session.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+
+namespace {
+
+struct Times : EventSink {
+    std::vector<uint64_t> times;
+    std::vector<std::string> names;
+    std::vector<std::string> comms;
+    void on_sample(const Sample& s, const EventInfo& ev) override {
+        times.push_back(s.time);
+        names.push_back(ev.name);
+    }
+    void on_comm(const CommEvent& e) override { comms.emplace_back(e.comm); }
+};
+
+SchedRecording small(bool swap = false) {
+    SchedRecording r(swap);
+    r.w.comm(r.sw, 10, 11, "worker", 50);
+    r.switch_(100, 0, 10, 11, 1, 0);  // 11 sleeps
+    r.waking(150, 1, 10, 12, 11);     // 12 wakes 11
+    r.switch_(170, 1, 10, 12, 0x100, 11);
+    r.w.finished_round();
+    r.switch_(300, 1, 10, 11, 1, 12);
+    return r;
+}
+
+void check_small(const Analysis& a) {
+    CHECK(a.stats.samples_by_event.at(0) == 3);
+    CHECK(a.stats.samples_by_event.at(1) == 1);
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() >= 1);
+    CHECK(sleeps[0].start == 100);
+    CHECK(sleeps[0].end == 150);
+    CHECK(sleeps[0].waker == 12);
+    CHECK(sleeps[0].tgid == 10);
+    auto runnable = a.spans.of(11, SpanKind::Runnable);
+    REQUIRE(runnable.size() == 1);
+    CHECK(runnable[0].start == 150);
+    CHECK(runnable[0].end == 170);
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->comm == "worker");
+    CHECK(t->tgid == 10);
+}
+
+}  // namespace
+
+TEST_CASE("synthetic recording: names from EVENT_DESC, fields from the embedded formats") {
+    SchedRecording r = small();
+    TempFile f(r.w.build());
+    Session s(f.path);
+    REQUIRE(s.events().size() == 2);
+    CHECK(s.events()[0].name == "sched:sched_switch");
+    CHECK(s.events()[1].format != nullptr);
+    CHECK(s.tracing().saved_cmdlines.count(11) == 1);
+    check_small(analyse(f.path));
+}
+
+TEST_CASE("byte-swapped (big-endian) file decodes to the same facts") { check_small(analyse_bytes(small(true).w.build())); }
+
+TEST_CASE("pipe mode: attrs, tracing data and features as records, 4-byte aligned data after tracing data") {
+    SchedRecording r = small();
+    auto bytes = r.w.build_pipe();
+    TempFile f(bytes);
+    Session s(f.path);
+    CHECK(s.header().pipe);
+    check_small(analyse(f.path));
+    check_small(analyse_bytes(small(true).w.build_pipe()));
+}
+
+TEST_CASE("zstd: records straddling compressed chunks, COMPRESSED and COMPRESSED2, file and pipe mode") {
+    for (size_t chunk : {7u, 50u, 333u, 100000u}) {
+        for (bool c2 : {false, true}) {
+            CAPTURE(chunk);
+            CAPTURE(c2);
+            SchedRecording r = small();
+            PerfWriter::BuildOptions o;
+            o.compress_chunk = chunk;
+            o.compressed2 = c2;
+            Analysis a = analyse_bytes(r.w.build(o));
+            CHECK(a.stats.compressed_records > 0);
+            check_small(a);
+            check_small(analyse_bytes(r.w.build_pipe(o)));
+        }
+    }
+}
+
+TEST_CASE("a compressed chunk that does not decompress: warning, partial results, no crash") {
+    SchedRecording r = small();
+    PerfWriter::BuildOptions o;
+    o.compress_chunk = 64;
+    auto bytes = r.w.build(o);
+    // Find the data section and damage the payload of its second COMPRESSED record.
+    uint64_t data_off = load<uint64_t>(bytes.data() + 40, false);
+    uint64_t first = load<uint16_t>(bytes.data() + data_off + 6, false);
+    uint64_t second = data_off + first;
+    for (size_t k = second + 12; k < second + 20; ++k) bytes[k] ^= 0x5a;
+    Analysis a = analyse_bytes(bytes);
+    bool warned = std::any_of(a.stats.warnings.begin(), a.stats.warnings.end(),
+                              [](auto& w) { return w.find("decompress") != std::string::npos; });
+    CHECK(warned);
+}
+
+TEST_CASE("records come out in time order across rounds, equal times in file order") {
+    SchedRecording r;
+    // Two CPU buffers written one after the other inside each round, as perf does.
+    r.switch_(10, 0, 1, 2, 1, 0);
+    r.switch_(30, 0, 1, 2, 1, 0);
+    r.switch_(20, 1, 1, 3, 1, 0);
+    r.switch_(40, 1, 1, 3, 1, 0);
+    r.w.finished_round();
+    r.switch_(35, 0, 1, 2, 1, 0);  // later than the previous flush limit (0): fine
+    r.switch_(50, 1, 1, 3, 1, 0);
+    r.w.finished_round();
+    TempFile f(r.w.build());
+    Session s(f.path);
+    Times t;
+    s.run(t);
+    CHECK(t.times == std::vector<uint64_t>{10, 20, 30, 35, 40, 50});
+    CHECK(s.stats().out_of_order == 0);
+}
+
+TEST_CASE("bounded queue: without rounds the older half is released") {
+    OrderedQueue q(8);
+    std::vector<uint64_t> out;
+    auto deliver = [&](const QueuedRecord& r) { out.push_back(r.time); };
+    for (uint64_t t = 0; t < 20; ++t) q.push(QueuedRecord{t, t, RawRecord{}, 0}, deliver);
+    CHECK(q.peak_size() <= 9);
+    CHECK(q.half_flushes() > 0);
+    q.flush_all(deliver);
+    REQUIRE(out.size() == 20);
+    CHECK(std::is_sorted(out.begin(), out.end()));
+}
+
+TEST_CASE("a header with data size 0 (perf killed): data read to the end of the file") {
+    SchedRecording r = small();
+    PerfWriter::BuildOptions o;
+    o.zero_data_size = true;
+    o.features = false;  // a killed perf never wrote them
+    TempFile f(r.w.build(o));
+    Session s(f.path);
+    Times t;
+    s.run(t);
+    CHECK(s.header().data_size_was_zero);
+    CHECK(s.stats().records == r.w.records.size());
+    CHECK(t.comms == std::vector<std::string>{"worker"});
+    CHECK(std::any_of(s.stats().warnings.begin(), s.stats().warnings.end(),
+                      [](auto& w) { return w.find("data size is 0") != std::string::npos; }));
+}
+
+TEST_CASE("record of size < 8 stops framing with a warning; earlier records kept") {
+    SchedRecording r = small();
+    r.w.record(PERF_RECORD_FINISHED_ROUND, 0, {});
+    auto bytes = r.w.build();
+    uint64_t data_off = load<uint64_t>(bytes.data() + 40, false);
+    uint64_t data_size = load<uint64_t>(bytes.data() + 48, false);
+    // The last record is the 8-byte FINISHED_ROUND: make its size 4.
+    bytes[data_off + data_size - 2] = 4;
+    Analysis a = analyse_bytes(bytes);
+    CHECK(a.stats.truncated);
+    CHECK(a.stats.samples_by_event.at(0) == 3);
+}
+
+TEST_CASE("unknown record types are counted and skipped") {
+    SchedRecording r = small();
+    r.w.record(200, 0, {1, 2, 3, 4, 5, 6, 7, 8});
+    r.w.record(PERF_RECORD_SWITCH, 0, {});
+    Analysis a = analyse_bytes(r.w.build());
+    CHECK(a.stats.unknown_types == 1);
+    check_small(a);
+}
+
+TEST_CASE("not a recording: one clear error") {
+    CHECK_THROWS_WITH_AS(Session(TempFile(std::vector<uint8_t>(200, 'x')).path), doctest::Contains("not a perf.data file"), Error);
+    CHECK_THROWS_AS(Session("/nonexistent/perf.data"), Error);
+    std::vector<uint8_t> tiny = {'P', 'E', 'R'};
+    CHECK_THROWS_AS(Session(TempFile(tiny).path), Error);
+}
+
+TEST_CASE("header sections pointing outside the file are errors, not reads") {
+    auto base = small().w.build();
+    {
+        auto b = base;
+        b[24 + 7] = 0x7f;  // attrs.offset huge
+        CHECK_THROWS_AS(Session(TempFile(b).path), Error);
+    }
+    {
+        auto b = base;
+        b[16] = 8;  // attr_size 8
+        b[17] = 0;
+        CHECK_THROWS_AS(Session(TempFile(b).path), Error);
+    }
+    {
+        auto b = base;
+        b[40 + 6] = 0x7f;  // data.offset past EOF
+        CHECK_THROWS_AS(Session(TempFile(b).path), Error);
+    }
+}
+
+TEST_CASE("every cut of a synthetic recording decodes or errors cleanly") {
+    for (bool pipe : {false, true}) {
+        SchedRecording r = small();
+        PerfWriter::BuildOptions o;
+        o.compress_chunk = pipe ? 0 : 40;
+        auto full = pipe ? r.w.build_pipe() : r.w.build(o);
+        for (size_t cut = 0; cut < full.size(); ++cut) {
+            std::vector<uint8_t> part(full.begin(), full.begin() + static_cast<long>(cut));
+            if (part.empty()) continue;
+            try {
+                Analysis a = analyse_bytes(part);
+                (void)a;
+            } catch (const Error&) {
+                // a one-line error is an acceptable outcome; a crash is not
+            }
+        }
+    }
+}

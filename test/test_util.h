@@ -1,0 +1,101 @@
+// Helpers shared by the synthetic-recording tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gilscan/session.h"
+#include "gilscan/timeline.h"
+#include "perf_writer.h"
+
+namespace gilscan::test {
+
+inline constexpr uint64_t kTpSampleType =
+    PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_ID | PERF_SAMPLE_CPU | PERF_SAMPLE_PERIOD |
+    PERF_SAMPLE_RAW;
+
+struct SchedRecording {
+    PerfWriter w;
+    int sw = 0, wk = 0;
+    explicit SchedRecording(bool swap = false) {
+        w.swap = swap;
+        sw = w.add_tracepoint("sched", kSchedSwitchFormat, kTpSampleType);
+        wk = w.add_tracepoint("sched", kSchedWakingFormat, kTpSampleType);
+    }
+    // sched_switch sampled in the context of `prev` (pid/tid of the sample).
+    void switch_(uint64_t t, uint32_t cpu, int32_t pid, int32_t prev, int64_t state, int32_t next,
+                 const std::string& next_comm = "other") {
+        TestSample s;
+        s.pid = pid;
+        s.tid = prev;
+        s.time = t;
+        s.cpu = cpu;
+        s.raw = w.raw(sw, {{"prev_pid", prev},
+                           {"prev_state", state},
+                           {"next_pid", next},
+                           {"prev_comm", 0, "worker", true},
+                           {"next_comm", 0, next_comm, true}});
+        w.sample(sw, s);
+    }
+    void waking(uint64_t t, uint32_t cpu, int32_t waker_pid, int32_t waker, int32_t target) {
+        TestSample s;
+        s.pid = waker_pid;
+        s.tid = waker;
+        s.time = t;
+        s.cpu = cpu;
+        s.raw = w.raw(wk, {{"pid", target}, {"comm", 0, "worker", true}, {"target_cpu", cpu}});
+        w.sample(wk, s);
+    }
+};
+
+struct CollectedSpan {
+    int32_t tgid, tid;
+    uint64_t start, end;
+    SpanKind kind;
+    std::string name;
+    int32_t waker;
+    bool cut, woken_before;
+};
+
+struct Collect : SpanSink {
+    std::vector<CollectedSpan> spans;
+    void span(const Span& s) override {
+        spans.push_back({s.tgid, s.tid, s.start, s.end, s.kind, std::string(s.name), s.waker, s.cut_at_end,
+                         s.woken_before_switch});
+    }
+    std::vector<CollectedSpan> of(int32_t tid, SpanKind k) const {
+        std::vector<CollectedSpan> out;
+        for (auto& s : spans)
+            if (s.tid == tid && s.kind == k) out.push_back(s);
+        return out;
+    }
+};
+
+struct Analysis {
+    Collect spans;
+    std::vector<ThreadStats> threads;
+    DecodeStats stats;
+    const ThreadStats* thread(int32_t tid) const {
+        for (auto& t : threads)
+            if (t.tid == tid) return &t;
+        return nullptr;
+    }
+};
+
+inline Analysis analyse(const std::string& path) {
+    Analysis a;
+    Session s(path);
+    Timeline tl(s, a.spans);
+    s.run(tl);
+    tl.finish(s.stats().last_time);
+    a.threads = tl.threads();
+    a.stats = s.stats();
+    return a;
+}
+
+inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes) {
+    TempFile f(bytes);
+    return analyse(f.path);
+}
+
+}  // namespace gilscan::test

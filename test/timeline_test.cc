@@ -1,0 +1,162 @@
+#include <doctest/doctest.h>
+
+#include "gilscan/timeline.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+
+TEST_CASE("sleep ends at the wake-up, runnable until the switch-in, running after") {
+    SchedRecording r;
+    r.switch_(50, 0, 10, 12, 1, 11);  // 11 switched in at 50
+    r.switch_(100, 0, 10, 11, 1, 0);  // 11 sleeps at 100
+    r.waking(150, 1, 10, 12, 11);     // woken at 150 by 12
+    r.switch_(170, 1, 10, 12, 1, 11); // on a CPU at 170
+    r.switch_(400, 1, 10, 11, 1, 0);
+    r.waking(500, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 2);
+    CHECK(sleeps[0].start == 100);
+    CHECK(sleeps[0].end == 150);
+    CHECK(sleeps[0].name == "S");
+    CHECK(sleeps[0].waker == 12);
+    CHECK_FALSE(sleeps[0].cut);
+    auto run = a.spans.of(11, SpanKind::Running);
+    REQUIRE(run.size() >= 2);
+    CHECK(run[0].start == 50);
+    CHECK(run[0].end == 100);
+    CHECK(run[1].start == 170);
+    CHECK(run[1].end == 400);
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->sleep_count == 2);
+    CHECK(t->sleep_ns == 50 + 100);
+    CHECK(t->runnable_ns == 20);
+    CHECK(t->running_ns == 50 + 230);
+    CHECK(t->hidden_switch_ins == 0);
+}
+
+TEST_CASE("preempted while runnable (prev_state 0x100, R+) is runnable, not asleep") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 0, 12);
+    r.switch_(20, 0, 10, 11, 0x100, 12);  // R+: preempted
+    r.switch_(60, 0, 10, 12, 1, 11);
+    r.switch_(90, 0, 10, 11, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    auto rn = a.spans.of(11, SpanKind::Runnable);
+    REQUIRE(rn.size() == 1);
+    CHECK(rn[0].start == 20);
+    CHECK(rn[0].end == 60);
+    CHECK(rn[0].name == "R+");
+    CHECK(a.thread(11)->sleep_count == 1);  // only the last one, cut at the end
+}
+
+TEST_CASE("D is its own state") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 2, 0);
+    r.waking(40, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto d = a.spans.of(11, SpanKind::DiskSleep);
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].name == "D");
+    CHECK(d[0].end - d[0].start == 30);
+    CHECK(a.thread(11)->disk_count == 1);
+    CHECK(a.thread(11)->sleep_count == 0);
+}
+
+TEST_CASE("a waking traced just before the switch-out ends that sleep at once") {
+    SchedRecording r;
+    r.switch_(1000, 0, 10, 12, 1, 11);      // 11 runs from 1000
+    r.waking(5000, 1, 10, 12, 11);          // ttwu on CPU 1 ...
+    r.switch_(5003, 0, 10, 11, 1, 0);       // ... races 11's __schedule on CPU 0
+    r.switch_(5100, 1, 10, 12, 1, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].start == 5003);
+    CHECK(sleeps[0].end == 5003);
+    CHECK(sleeps[0].woken_before);
+    auto rn = a.spans.of(11, SpanKind::Runnable);
+    REQUIRE(rn.size() == 1);
+    CHECK(rn[0].start == 5003);
+    CHECK(rn[0].end == 5100);
+    CHECK(rn[0].waker == 12);
+}
+
+TEST_CASE("an old wake-up of a running thread does not end a later sleep") {
+    SchedRecording r;
+    r.switch_(1000, 0, 10, 12, 1, 11);
+    r.waking(2000, 1, 10, 12, 11);               // spurious: 11 was running
+    r.switch_(2000 + 10'000'000, 0, 10, 11, 1, 0);  // sleeps 10 ms later
+    r.waking(2000 + 30'000'000, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].end - sleeps[0].start == 20'000'000);
+    CHECK_FALSE(sleeps[0].woken_before);
+}
+
+TEST_CASE("a sleep still open at the end is cut there and marked") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 0);
+    r.switch_(90, 1, 10, 12, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].cut);
+    CHECK(sleeps[0].end == 90);
+}
+
+TEST_CASE("switch-in never recorded (per-process recording): woken time counts as running") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 99);  // next is another process's task
+    r.waking(50, 1, 20, 99, 11);      // woken by a task of another process
+    r.waking(80, 1, 10, 11, 12);      // 11 is current here: it was switched in unseen
+    r.switch_(120, 0, 10, 11, 1, 99);
+    Analysis a = analyse_bytes(r.w.build());
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->hidden_switch_ins == 1);
+    CHECK(t->runnable_ns == 0);
+    CHECK(t->running_ns == 30 + 40);
+    // 99 belongs to a process the recording does not follow: no spans, not in the table.
+    CHECK(a.spans.of(99, SpanKind::Running).empty());
+    CHECK_FALSE(a.thread(99)->monitored);
+}
+
+TEST_CASE("LOST: states of threads last seen on that CPU become unknown until their next event") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 0);      // 11 sleeps, on CPU 0
+    r.switch_(20, 1, 10, 12, 1, 0);      // 12 sleeps, on CPU 1
+    r.w.lost(r.sw, 5, 30, 0);            // events lost on CPU 0 up to t=30
+    r.waking(60, 1, 10, 13, 11);
+    r.waking(70, 1, 10, 13, 12);
+    Analysis a = analyse_bytes(r.w.build());
+    CHECK(a.stats.lost_events == 5);
+    CHECK(a.stats.lost_by_cpu.at(0) == 5);
+    auto unk = a.spans.of(11, SpanKind::Unknown);
+    REQUIRE(unk.size() == 1);
+    CHECK(unk[0].start == 10);
+    CHECK(unk[0].end == 60);
+    CHECK(a.spans.of(11, SpanKind::Sleep).empty());
+    auto s12 = a.spans.of(12, SpanKind::Sleep);  // other CPU: untouched
+    REQUIRE(s12.size() == 1);
+    CHECK(s12[0].end == 70);
+}
+
+TEST_CASE("exit: the final switch-out (X/Z) ends the thread; a reused tid is a new thread") {
+    SchedRecording r;
+    r.w.task(PERF_RECORD_FORK, 0, 10, 10, 11, 10, 5);
+    r.switch_(10, 0, 10, 11, 1, 0);
+    r.waking(20, 1, 10, 12, 11);
+    r.switch_(25, 0, 10, 12, 1, 11);
+    r.w.task(PERF_RECORD_EXIT, 0, 10, 10, 11, 10, 30);
+    r.switch_(31, 0, 10, 11, 0x10, 0);  // X
+    r.w.task(PERF_RECORD_FORK, 0, 40, 40, 11, 40, 50);
+    r.switch_(60, 0, 40, 11, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    int n = 0;
+    for (auto& t : a.threads) n += t.tid == 11;
+    CHECK(n == 2);
+}

@@ -1,0 +1,23 @@
+#!/bin/bash
+# Re-records gilscan's real test recordings (run as root on a machine with
+# perf, tracefs and the pyenv Pythons). The golden expectations are then
+# regenerated from `perf script` with test/golden_expect.py.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PY:-/root/.pyenv/versions/3.11.7/bin/python3}
+DUR=${DUR:-0.25}
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
+SCHED=(-e sched:sched_switch -e sched:sched_wakeup -e sched:sched_waking -e sched:sched_process_fork)
+rec() { perf record -q -k CLOCK_MONOTONIC "$@" 2>/dev/null; }
+
+rec -o plain.data "${SCHED[@]}" -- "$PY" workload.py "$DUR"
+rec -o - "${SCHED[@]}" -- "$PY" workload.py "$DUR" > pipe.data
+rec -z -o zstd.data "${SCHED[@]}" -- "$PY" workload.py "$DUR"
+rec -z -o - "${SCHED[@]}" -- "$PY" workload.py "$DUR" > pipe_zstd.data
+rec -o mixed_callgraph.data -e 'sched:sched_switch/call-graph=dwarf/' -e sched:sched_wakeup \
+    -e sched:sched_waking -- "$PY" workload.py 0.1
+rec -a -o system_wide.data "${SCHED[@]}" -- "$PY" workload.py 0.1
+# A copy cut in the middle of a record, 60% of the way into the data.
+size=$(stat -c %s plain.data)
+head -c $((size * 6 / 10 + 3)) plain.data > truncated.data
+chmod 644 ./*.data
