@@ -42,11 +42,17 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
 }
 
+MappedFile::MappedFile(const std::string& name, Bytes memory)
+    : path_(name), data_(memory.data()), size_(memory.size()), owned_(false) {
+    if (size_ == 0) throw Error(name, Error::no_offset, "empty file, not a perf.data recording");
+}
+
 MappedFile::~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ && owned_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 void MappedFile::release(uint64_t offset, uint64_t length) const {
+    if (!owned_) return;
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     uint64_t begin = (offset + page - 1) / page * page;
     uint64_t end = std::min(offset + length, size_) / page * page;

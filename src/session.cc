@@ -11,7 +11,12 @@ constexpr uint64_t PERF_EVENT_UPDATE__NAME = 2;
 constexpr uint64_t kReleaseEvery = 64u << 20;  // drop decoded pages every 64 MiB
 }  // namespace
 
-Session::Session(const std::string& path) : file_(path) {
+Session::Session(const std::string& path) : file_(path) { open(); }
+
+Session::Session(const std::string& name, Bytes memory) : file_(name, memory), tracefs_fallback_(false) { open(); }
+
+void Session::open() {
+    const std::string& path = file_.path();
     header_ = read_file_header(file_.bytes(), path);
     if (header_.pipe) return;  // everything else arrives as records
     for (auto& ea : read_attrs(file_.bytes(), header_, path)) add_event(ea.attr, std::move(ea.ids));
@@ -69,7 +74,7 @@ void Session::resolve_names_and_formats() {
     bool need_tracing = false;
     for (auto& ev : events_)
         if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) need_tracing = true;
-    if (need_tracing && !have_tracing_ && !header_.pipe) {
+    if (need_tracing && !have_tracing_ && !header_.pipe && tracefs_fallback_) {
         std::vector<uint64_t> ids;
         for (auto& ev : events_)
             if (ev.attr.type == PERF_TYPE_TRACEPOINT) ids.push_back(ev.attr.config);

@@ -43,13 +43,16 @@ void check_golden(const std::string& name) {
     CHECK(a.stats.truncated == false);
     CHECK(a.stats.malformed == 0);
     auto counts = event_counts(data.string());
-    for (auto& [ev, n] : exp["event_counts"].items()) {
+    for (auto& item : exp["event_counts"].items()) {
+        const std::string ev = item.key();
         CAPTURE(ev);
-        CHECK(counts[ev] == n.get<uint64_t>());
+        CHECK(counts[ev] == item.value().get<uint64_t>());
     }
     CHECK(counts.size() == exp["event_counts"].size());
     size_t checked = 0;
-    for (auto& [tid, e] : exp["threads"].items()) {
+    for (auto& item : exp["threads"].items()) {
+        const std::string tid = item.key();
+        const nlohmann::json& e = item.value();
         CAPTURE(tid);
         const ThreadStats* t = a.thread(std::stoi(tid));
         REQUIRE(t);

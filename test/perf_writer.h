@@ -178,7 +178,9 @@ public:
             }
             std::memcpy(r.data() + fl.offset, o.b.data(), o.b.size());
         };
-        put_int(*f.field("common_type"), f.id);
+        const TpField* common_type = f.field("common_type");
+        if (!common_type) throw std::runtime_error("format without common_type");
+        put_int(*common_type, f.id);
         for (const auto& s : set) {
             const TpField* fl = f.field(s.name);
             if (!fl) throw std::runtime_error("no field " + s.name);

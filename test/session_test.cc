@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 
 #include "gilscan/session.h"
 #include "test_util.h"
@@ -220,6 +222,31 @@ TEST_CASE("every cut of a synthetic recording decodes or errors cleanly") {
             } catch (const Error&) {
                 // a one-line error is an acceptable outcome; a crash is not
             }
+        }
+    }
+}
+
+// GILSCAN_WRITE_SEEDS=DIR writes synthetic seed inputs for the fuzzer
+// (test/fuzz_corpus); otherwise this case only checks they build.
+TEST_CASE("fuzz seeds: synthetic edge-case recordings") {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> seeds;
+    seeds.emplace_back("synthetic_plain", small().w.build());
+    seeds.emplace_back("synthetic_swapped", small(true).w.build());
+    seeds.emplace_back("synthetic_pipe", small().w.build_pipe());
+    PerfWriter::BuildOptions z;
+    z.compress_chunk = 40;
+    seeds.emplace_back("synthetic_zstd", small().w.build(z));
+    z.compressed2 = true;
+    seeds.emplace_back("synthetic_zstd2_pipe", small().w.build_pipe(z));
+    PerfWriter::BuildOptions k;
+    k.zero_data_size = true;
+    k.features = false;
+    seeds.emplace_back("synthetic_killed", small().w.build(k));
+    for (auto& [name, bytes] : seeds) CHECK(bytes.size() > 104);
+    if (const char* dir = std::getenv("GILSCAN_WRITE_SEEDS")) {
+        for (auto& [name, bytes] : seeds) {
+            std::ofstream f(std::string(dir) + "/" + name, std::ios::binary);
+            f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
         }
     }
 }

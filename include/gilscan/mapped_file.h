@@ -19,6 +19,8 @@ namespace gilscan {
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);
+    // Bytes already in memory (fuzzing, tests); not owned, never unmapped.
+    MappedFile(const std::string& name, Bytes memory);
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
@@ -34,6 +36,7 @@ private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
+    bool owned_ = true;
 };
 
 }  // namespace gilscan

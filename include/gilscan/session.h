@@ -74,6 +74,8 @@ public:
 class Session {
 public:
     explicit Session(const std::string& path);
+    // Bytes in memory (fuzzing): never falls back to this machine's tracefs.
+    Session(const std::string& name, Bytes memory);
     ~Session();
 
     void run(EventSink& sink);
@@ -97,12 +99,14 @@ private:
     int event_for(const RawRecord& r);
     void deliver(const RawRecord& r, int event_index, EventSink& sink);
     void warn(std::string w);
+    void open();
 
     MappedFile file_;
     FileHeader header_;
     Features features_;
     TracingData tracing_;
     bool have_tracing_ = false;
+    bool tracefs_fallback_ = true;
     std::vector<EventInfo> events_;
     std::unordered_map<uint64_t, int> id_to_event_;
     IdLayout layout_;

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the gilscan command line (run by meson test).
+
+usage: cli_test.py GILSCAN TESTDATA_DIR
+Prints "N passed, N failed" and exits non-zero on any failure.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GILSCAN, DATA = sys.argv[1], sys.argv[2]
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what)
+
+
+def run(*args):
+    return subprocess.run([GILSCAN, *args], capture_output=True, text=True)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    trace, summ = os.path.join(tmp, "trace.json"), os.path.join(tmp, "s.json")
+
+    # A real recording: trace and summary
+    r = run(os.path.join(DATA, "plain.data"), "-o", trace, "--summary-json", summ)
+    check(r.returncode == 0, f"plain.data exits 0 ({r.returncode}: {r.stderr})")
+    check("total(ms)" in r.stdout and "sleep%" in r.stdout, "summary table on stdout")
+    t = json.load(open(trace))
+    check(isinstance(t.get("traceEvents"), list) and "viztracer_metadata" in t, "Chrome trace object layout")
+    ev = t["traceEvents"]
+    xs = [e for e in ev if e["ph"] == "X"]
+    check(len(xs) > 50, "complete events written")
+    check(all(isinstance(e["pid"], int) and isinstance(e["tid"], int) for e in ev), "integer pid/tid")
+    check(all(e["dur"] >= 0 and e["ts"] > 0 for e in xs), "non-negative durations")
+    check({"S", "R+"} <= {e["name"] for e in xs}, "sleep and runnable spans named per4m-style")
+    check(not any(e["name"] == "R" for e in xs), "running spans only with --running")
+    check(any(e["ph"] == "M" and e["name"] == "thread_name" for e in ev), "thread name metadata")
+    raw = open(trace).read()
+    check('"ts":' in raw and '.' in raw.split('"ts":', 1)[1][:25], "ts in microseconds with a fraction")
+    check(not glob.glob(os.path.join(tmp, "*.tmp.*")), "no temporary files left")
+    s = json.load(open(summ))
+    keys = {"pid", "tid", "comm", "span_us", "running_us", "runnable_us", "sleep_us", "sleep_count",
+            "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us"}
+    check(s["threads"] and all(keys <= set(th) for th in s["threads"]), "summary fields per thread")
+    check(all(th["gil_wait_us"] is None for th in s["threads"]), "GIL figures null without GIL data")
+    check("lost_events" in s and "warnings" in s and s["clock"] == "CLOCK_MONOTONIC", "file-level fields")
+
+    r = run(os.path.join(DATA, "plain.data"), "-o", trace, "--running", "-q")
+    check(r.returncode == 0 and r.stdout == "", "-q prints no table")
+    check(any(e["name"] == "R" for e in json.load(open(trace))["traceEvents"]), "--running adds R spans")
+
+    pid = s["threads"][0]["pid"]
+    r = run(os.path.join(DATA, "system_wide.data"), "-o", trace, "--pid", str(pid), "-q")
+    check(r.returncode == 0, "--pid on a system-wide recording")
+
+    # Truncated: partial results, warning with the byte offset, exit 0
+    r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
+    check(r.returncode == 0, "truncated file exits 0")
+    check("at byte" in r.stderr and "warning" in r.stderr, "truncation warning names the offset")
+    check(len(json.load(open(trace))["traceEvents"]) > 10, "truncated file still yields a trace")
+
+    # Errors: one line, non-zero, no output left behind
+    bad = {
+        "empty.data": b"",
+        "garbage.data": os.urandom(4096),
+        "text.data": b"this is not a perf recording\n" * 10,
+        "short.data": b"PERFILE2",
+    }
+    for name, content in bad.items():
+        p = os.path.join(tmp, name)
+        open(p, "wb").write(content)
+        out = os.path.join(tmp, name + ".json")
+        r = run(p, "-o", out)
+        check(r.returncode != 0, f"{name}: non-zero exit")
+        check(r.stderr.startswith(f"gilscan: error: {p}:"), f"{name}: 'gilscan: error: FILE: reason' ({r.stderr!r})")
+        check(len(r.stderr.strip().splitlines()) == 1, f"{name}: one line")
+        check(not os.path.exists(out) and not glob.glob(out + ".tmp.*"), f"{name}: no output file left")
+    r = run(os.path.join(tmp, "missing.data"), "-o", os.path.join(tmp, "m.json"))
+    check(r.returncode != 0 and "gilscan: error:" in r.stderr, "missing file")
+    r = run(tmp)
+    check(r.returncode != 0 and "directory" in r.stderr, "a directory")
+    r = run("--bogus")
+    check(r.returncode == 2, "unknown option is a usage error")
+
+print(f"cli: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
