@@ -297,11 +297,12 @@ void Session::deliver(const RawRecord& r, int event_index, EventSink& sink) {
             decode_lost(r.body, r.type, ev.attr, swap, e);
             if (e.samples) {
                 stats_.lost_samples += e.lost;
+                stats_.lost_samples_by_cpu[e.sid.cpu] += e.lost;
             } else {
                 ++stats_.lost_records;
                 stats_.lost_events += e.lost;
+                stats_.lost_by_cpu[e.sid.cpu] += e.lost;
             }
-            stats_.lost_by_cpu[e.sid.cpu] += e.lost;
             sink.on_lost(e);
             break;
         }

@@ -21,6 +21,7 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
     fs.lost_records = st.lost_records;
     fs.lost_samples = st.lost_samples;
     fs.lost_by_cpu = st.lost_by_cpu;
+    fs.lost_samples_by_cpu = st.lost_samples_by_cpu;
     fs.warnings = st.warnings;
     fs.pipe_mode = s.header().pipe;
     fs.compressed = st.compressed_records > 0;
@@ -111,6 +112,10 @@ nlohmann::json summary_json(const FileSummary& fs) {
     json per_cpu = json::object();
     for (const auto& [cpu, n] : fs.lost_by_cpu) per_cpu[cpu == ~0u ? "unknown" : std::to_string(cpu)] = n;
     j["lost_by_cpu"] = per_cpu;
+    json per_cpu_samples = json::object();
+    for (const auto& [cpu, n] : fs.lost_samples_by_cpu)
+        per_cpu_samples[cpu == ~0u ? "unknown" : std::to_string(cpu)] = n;
+    j["lost_samples_by_cpu"] = per_cpu_samples;
     j["event_counts"] = fs.event_counts;
     j["warnings"] = fs.warnings;
     json threads = json::array();

@@ -37,6 +37,24 @@ def fields(rest):
     return out
 
 
+def lost_stats(path):
+    """LOST records and LOST_SAMPLES totals as `perf report --stats` counts them."""
+    text = subprocess.run(["perf", "report", "-i", path, "--stats"], check=True, capture_output=True,
+                          text=True).stdout
+    lost_records, lost_samples, per_event = 0, 0, False
+    for line in text.splitlines():
+        m = re.match(r"\s*(LOST|LOST_SAMPLES) events:\s+(\d+)", line)
+        if line.strip().endswith("stats:") and not line.startswith("Aggregated"):
+            per_event = True
+        if not m:
+            continue
+        if m.group(1) == "LOST" and not per_event:
+            lost_records = int(m.group(2))
+        elif m.group(1) == "LOST_SAMPLES" and per_event:
+            lost_samples += int(m.group(2))  # per-event sections hold the sample totals
+    return {"lost_records": lost_records, "lost_samples": lost_samples}
+
+
 def main(path):
     text = subprocess.run(["perf", "script", "-i", path, "--ns", "-F", "comm,pid,tid,cpu,time,event,trace"],
                           check=True, capture_output=True, text=True).stdout
@@ -121,8 +139,11 @@ def main(path):
         end_wait(tid, last)
     threads = {str(tid): {"sleep_count": r[0], "sleep_ns": r[1], "disk_count": r[2], "disk_ns": r[3]}
                for tid, r in sorted(res.items()) if tid in monitored}
-    json.dump({"source": "perf script", "event_counts": counts, "threads": threads}, sys.stdout, indent=1,
-              sort_keys=True)
+    out = {"source": "perf script", "event_counts": counts, "threads": threads}
+    out.update(lost_stats(path))
+    if "--no-threads" in sys.argv:
+        del out["threads"]  # states around lost events are gilscan's to mark unknown
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
     print()
 
 

@@ -3,6 +3,7 @@
 // test/golden_expect.py and stored next to them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -49,6 +50,9 @@ void check_golden(const std::string& name) {
         CHECK(counts[ev] == item.value().get<uint64_t>());
     }
     CHECK(counts.size() == exp["event_counts"].size());
+    CHECK(a.stats.lost_records == exp["lost_records"].get<uint64_t>());
+    CHECK(a.stats.lost_samples == exp["lost_samples"].get<uint64_t>());
+    if (!exp.contains("threads")) return;
     size_t checked = 0;
     for (auto& item : exp["threads"].items()) {
         const std::string tid = item.key();
@@ -73,6 +77,41 @@ TEST_CASE("golden: zstd (-z)") { check_golden("zstd"); }
 TEST_CASE("golden: pipe mode with zstd") { check_golden("pipe_zstd"); }
 TEST_CASE("golden: per-event call-graph mix (dwarf stacks on sched_switch only)") { check_golden("mixed_callgraph"); }
 TEST_CASE("golden: system-wide (-a)") { check_golden("system_wide"); }
+
+TEST_CASE("golden: lost events (perf record -m 4 --call-graph dwarf) counted as perf does, marked unknown") {
+    check_golden("lost");
+    Analysis a = analyse((kData / "lost.data").string());
+    REQUIRE(a.stats.lost_records > 0);
+    uint64_t per_cpu = 0;
+    for (auto& [cpu, n] : a.stats.lost_by_cpu) per_cpu += n;
+    CHECK(per_cpu == a.stats.lost_events);
+    uint64_t unknown = 0;
+    for (auto& t : a.threads) unknown += t.unknown_ns;
+    CHECK(unknown > 0);
+    bool unknown_span = std::any_of(a.spans.spans.begin(), a.spans.spans.end(),
+                                    [](auto& s) { return s.kind == SpanKind::Unknown; });
+    CHECK(unknown_span);
+}
+
+TEST_CASE("golden: header features of a real recording") {
+    Session s((kData / "plain.data").string());
+    const Features& f = s.features();
+    CHECK_FALSE(f.hostname.empty());
+    CHECK(f.cmdline.size() > 3);
+    CHECK(f.cmdline[0].find("perf") != std::string::npos);
+    REQUIRE(f.clock_data.has_value());
+    CHECK(f.clock_data->clockid == 1);
+    CHECK(f.clockid_res_ns.has_value());
+    REQUIRE(f.sample_time.has_value());
+    CHECK(f.sample_time->first <= f.sample_time->second);
+    CHECK(s.clock() == "CLOCK_MONOTONIC");
+    CHECK(f.event_desc.size() == 4);
+    CHECK(s.tracing().by_name("sched:sched_switch") != nullptr);
+    struct Null : EventSink {} n;
+    s.run(n);
+    CHECK(s.stats().first_time == f.sample_time->first);
+    CHECK(s.stats().last_time == f.sample_time->second);
+}
 
 TEST_CASE("golden: truncated copy yields the records before the cut and a warning") {
     // Independent expectation: walk plain.data's record headers up to the cut.

@@ -46,7 +46,8 @@ struct DecodeStats {
     uint64_t lost_records = 0;      // PERF_RECORD_LOST records
     uint64_t lost_events = 0;       // sum of their `lost` fields
     uint64_t lost_samples = 0;      // PERF_RECORD_LOST_SAMPLES totals
-    std::map<uint32_t, uint64_t> lost_by_cpu;
+    std::map<uint32_t, uint64_t> lost_by_cpu;          // LOST events per CPU
+    std::map<uint32_t, uint64_t> lost_samples_by_cpu;  // LOST_SAMPLES per CPU
     uint64_t malformed = 0;
     uint64_t first_malformed_offset = 0;
     std::string first_malformed_reason;

@@ -36,7 +36,7 @@ struct FileSummary {
     std::string file, clock, hostname, cmdline, perf_version;
     uint64_t first_time = 0, last_time = 0;
     uint64_t lost_events = 0, lost_records = 0, lost_samples = 0;
-    std::map<uint32_t, uint64_t> lost_by_cpu;
+    std::map<uint32_t, uint64_t> lost_by_cpu, lost_samples_by_cpu;
     std::map<std::string, uint64_t> event_counts;
     std::vector<std::string> warnings;
     std::vector<ThreadSummary> threads;
