@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gilscan/error.h"
+#include "gilscan/gil_probes.h"
 #include "gilscan/output_file.h"
 #include "gilscan/session.h"
 #include "gilscan/summary.h"
@@ -123,21 +124,36 @@ int run(const Options& opt) {
         trace = std::make_unique<gilscan::TraceWriter>(
             *trace_out, gilscan::TraceOptions{opt.running, opt.runnable, opt.sleeping, opt.pids});
 
-    // 3-7. Tracepoint decoding and per-thread state machines.
+    // 3-7. Tracepoint decoding and per-thread state machines: GIL uprobes
+    // first, so a switch-out sees whether its thread is inside take_gil.
+    gilscan::GilTracker gil(trace.get());
     gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
-    session.run(timeline);
-    timeline.finish(session.stats().last_time);
+    timeline.set_classifier(gilscan::gil_probe_classifier(gil));
+    gilscan::FanOut stages({&gil, &timeline});
+    session.run(stages);
+    const uint64_t end = session.stats().last_time;
+    gil.finish(end);
+    timeline.finish(end);
 
     // 8. Outputs.
     const auto threads = timeline.threads();
-    gilscan::FileSummary summary = gilscan::build_summary(session, threads, opt.pids);
+    gilscan::FileSummary summary = gilscan::build_summary(session, threads, opt.pids, &gil);
+    if (gil.seen_probes() && timeline.sched_events() > 0) {
+        summary.gil_sleep_known = true;
+        summary.gil_sleep_source = "uprobes";
+        for (auto& t : summary.threads) {
+            t.gil_sleep_ns = t.st.gil_sleep_ns;
+            t.gil_sleep_count = t.st.gil_sleep_count;
+        }
+    }
     if (timeline.decoder().field_errors())
         summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +
                                    " tracepoint sample(s) too short for their format");
-    if (timeline.sched_events() == 0)
+    if (timeline.sched_events() == 0 && !gil.seen_probes())
         summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
                                    "record them to see thread states");
     if (trace) {
+        for (const auto& p : summary.gil_processes) trace->name_thread(p.pid, gilscan::gil_track_tid(p.pid), "GIL holder");
         gilscan::TraceMeta meta{opt.input, summary.clock, summary.hostname, summary.cmdline};
         trace->finish(threads, meta);
         trace_out->commit();

@@ -7,7 +7,7 @@
 namespace gilscan {
 
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
-                          const std::unordered_set<int32_t>& pids) {
+                          const std::unordered_set<int32_t>& pids, const GilTracker* gil) {
     FileSummary fs;
     const DecodeStats& st = s.stats();
     fs.file = s.path();
@@ -37,7 +37,30 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
         ts.st.tgid = pid;
         ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
         ts.main_thread = t.tid == pid;
+        if (gil && gil->seen_probes()) {
+            // GIL figures for every thread of a process that ran the probed Python.
+            bool process_has_gil = false;
+            for (const auto& gp : gil->processes()) process_has_gil |= gp.pid == pid;
+            if (process_has_gil) {
+                const GilThreadStats* g = gil->thread(t.tid);
+                uint64_t wait = g ? g->wait_ns : 0, hold = g ? g->hold_ns : 0;
+                ts.gil_wait_ns = wait;
+                ts.gil_hold_ns = hold;
+                ts.no_gil_ns = ts.span_ns > wait + hold ? ts.span_ns - wait - hold : 0;
+            }
+        }
         fs.threads.push_back(std::move(ts));
+    }
+    if (gil && gil->seen_probes()) {
+        fs.gil_probes = true;
+        fs.gil_probe_events = gil->probe_events();
+        for (const auto& gp : gil->processes())
+            if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
+        fs.gil_anomalies = gil->anomalies();
+        if (fs.gil_anomalies.total())
+            fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
+                                  " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
+                                  "holders): usually lost events or probes placed mid-run");
     }
     uint64_t hidden = 0;
     for (const auto& t : fs.threads) hidden += t.st.hidden_switch_ins;
@@ -84,7 +107,23 @@ void print_summary_table(std::FILE* out, const FileSummary& fs) {
         }
         std::fprintf(out, "\n");
     }
-    std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events)\n");
+    std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events");
+    if (gil_wait) std::fprintf(out, ";\n GIL%% = holds the GIL, GIL-wait%% = in take_gil, no-GIL%% = the rest of the thread's span");
+    std::fprintf(out, ")\n");
+    for (const auto& p : fs.gil_processes) {
+        const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        std::fprintf(out,
+                     "GIL load of process %d: held %.1f%% of %.1f ms, contended %.1f%% (held while others wait), "
+                     "up to %u threads waiting\n",
+                     p.pid, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
+    }
+    if (fs.gil_anomalies.total())
+        std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
+                          "%llu overlapping holders\n",
+                     static_cast<unsigned long long>(fs.gil_anomalies.take_without_return),
+                     static_cast<unsigned long long>(fs.gil_anomalies.return_without_take),
+                     static_cast<unsigned long long>(fs.gil_anomalies.drop_without_take),
+                     static_cast<unsigned long long>(fs.gil_anomalies.overlapping_holders));
     if (fs.lost_events || fs.lost_samples)
         std::fprintf(out, "lost: %llu events in %llu LOST records, %llu samples dropped\n",
                      static_cast<unsigned long long>(fs.lost_events), static_cast<unsigned long long>(fs.lost_records),
@@ -143,6 +182,27 @@ nlohmann::json summary_json(const FileSummary& fs) {
         threads.push_back(std::move(r));
     }
     j["threads"] = std::move(threads);
+    j["gil_sleep_source"] = fs.gil_sleep_known ? json(fs.gil_sleep_source) : json(nullptr);
+    json g = json::object();
+    g["uprobes"] = fs.gil_probes;
+    g["probe_events"] = fs.gil_probe_events;
+    json procs = json::array();
+    for (const auto& p : fs.gil_processes) {
+        const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        procs.push_back({{"pid", p.pid},
+                         {"span_us", us(span)},
+                         {"held_us", us(p.held_ns)},
+                         {"contended_us", us(p.contended_ns)},
+                         {"waiting_us", us(p.waiting_ns)},
+                         {"gil_load", span ? static_cast<double>(p.held_ns) / static_cast<double>(span) : 0.0},
+                         {"max_waiters", p.max_waiters}});
+    }
+    g["processes"] = procs;
+    g["anomalies"] = {{"take_without_return", fs.gil_anomalies.take_without_return},
+                      {"return_without_take", fs.gil_anomalies.return_without_take},
+                      {"drop_without_take", fs.gil_anomalies.drop_without_take},
+                      {"overlapping_holders", fs.gil_anomalies.overlapping_holders}};
+    j["gil"] = g;
     return j;
 }
 

@@ -132,6 +132,34 @@ void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std:
     flush_line();
 }
 
+void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
+    if (!opt_.pids.empty() && !opt_.pids.count(pid)) return;
+    begin_event();
+    put("{\"ph\":\"C\",\"name\":");
+    put_str(name);
+    put(",\"pid\":");
+    put_int(pid);
+    put(",\"ts\":");
+    put_us(ts_ns);
+    put(",\"args\":");
+    put(args_json);
+    put("}");
+    flush_line();
+}
+
+void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
+    if (!opt_.pids.empty() && !opt_.pids.count(pid)) return;
+    begin_event();
+    put("{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
+    put_int(pid);
+    put(",\"tid\":");
+    put_int(tid);
+    put(",\"args\":{\"name\":");
+    put_str(name);
+    put("}}");
+    flush_line();
+}
+
 void TraceWriter::finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta) {
     // Process names: the main thread's comm (tid == pid), else the first seen.
     std::map<int32_t, std::string> process_names;

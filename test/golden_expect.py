@@ -83,11 +83,46 @@ def main(path):
                 r[2] += 1
                 r[3] += max(0, t - x["since"])
 
+    gil = {}  # tid -> dict(state, since, wait, hold, first, last)
+    gil_sleeps = {}  # tid -> sleeps that started inside take_gil
+
+    def gil_event(tid, name, t):
+        # GIL wait = take_gil entry -> return; held = take_gil return -> next drop_gil entry.
+        base = name.split(":")[-1]
+        ret = base.endswith("__return")
+        base = re.sub(r"(__return)+$", "", base)
+        base = re.sub(r"_\d+$", "", base)
+        if base not in ("take_gil", "drop_gil"):
+            return
+        g = gil.setdefault(tid, {"state": None, "since": 0, "wait": 0, "hold": 0, "first": t, "last": t})
+        g["last"] = t
+        if base == "take_gil" and not ret:
+            if g["state"] == "wait":
+                g["wait"] += t - g["since"]
+            elif g["state"] == "hold":
+                g["hold"] += t - g["since"]
+            g["state"], g["since"] = "wait", t
+        elif base == "take_gil":
+            if g["state"] == "wait":
+                g["wait"] += t - g["since"]
+            g["state"], g["since"] = "hold", t
+        elif not ret:
+            if g["state"] == "hold":
+                g["hold"] += t - g["since"]
+            elif g["state"] == "wait":
+                g["wait"] += t - g["since"]
+            g["state"] = "drop"
+        else:
+            if g["state"] == "drop":
+                g["state"] = None
+
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
         ev = m.group("event")
+        if "gil" in ev:
+            gil_event(int(m.group("tid")), ev, int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")))
         counts[ev] = counts.get(ev, 0) + 1
         t = int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))
         last = max(last, t)
@@ -104,6 +139,9 @@ def main(path):
                 kind = "D" if "D" in letters else ("S" if "S" in letters else ("R" if letters == "R" else "other"))
                 early = x["early"]
                 x["early"] = None
+                if kind == "S" and gil.get(prev, {}).get("state") == "wait":
+                    R(prev)  # S(GIL): the thread sleeps inside take_gil
+                    gil_sleeps[prev] = gil_sleeps.get(prev, 0) + 1
                 if kind in ("S", "D") and early is not None and early >= x["last_own"] and t - early <= RACE_NS:
                     r = R(prev)
                     if kind == "S":
@@ -139,7 +177,14 @@ def main(path):
         end_wait(tid, last)
     threads = {str(tid): {"sleep_count": r[0], "sleep_ns": r[1], "disk_count": r[2], "disk_ns": r[3]}
                for tid, r in sorted(res.items()) if tid in monitored}
+    for tid, g in gil.items():
+        if g["state"] in ("wait", "hold"):
+            g[g["state"]] += last - g["since"]  # open at the end: cut at the last timestamp
     out = {"source": "perf script", "event_counts": counts, "threads": threads}
+    if gil:
+        out["gil"] = {str(tid): {"wait_ns": g["wait"], "hold_ns": g["hold"], "span_ns": g["last"] - g["first"],
+                                 "gil_sleep_count": gil_sleeps.get(tid, 0)}
+                      for tid, g in sorted(gil.items())}
     out.update(lost_stats(path))
     if "--no-threads" in sys.argv:
         del out["threads"]  # states around lost events are gilscan's to mark unknown

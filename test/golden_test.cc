@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -69,6 +70,34 @@ void check_golden(const std::string& name) {
     CHECK(checked >= 5);  // the workload's main thread and its four workers at least
 }
 
+// GIL wait / held per thread from uprobes, against the same rules applied to
+// perf script's text: must agree within 0.5% of the thread's span.
+void check_golden_gil(const std::string& name, bool with_sleeps) {
+    CAPTURE(name);
+    nlohmann::json exp = load_json(kData / (name + ".expected.json"));
+    REQUIRE(exp.contains("gil"));
+    Analysis a = analyse((kData / (name + ".data")).string());
+    CHECK(a.gil_anomalies.total() == 0);
+    size_t contending = 0;
+    for (auto& item : exp["gil"].items()) {
+        const std::string tid = item.key();
+        const nlohmann::json& e = item.value();
+        CAPTURE(tid);
+        const GilThreadStats* g = a.gil_thread(std::stoi(tid));
+        REQUIRE(g);
+        const double tol = 0.005 * e["span_ns"].get<double>();
+        CHECK(std::abs(static_cast<double>(g->wait_ns) - e["wait_ns"].get<double>()) <= tol);
+        CHECK(std::abs(static_cast<double>(g->hold_ns) - e["hold_ns"].get<double>()) <= tol);
+        contending += e["wait_ns"].get<uint64_t>() > 0 && e["hold_ns"].get<uint64_t>() > 0;
+        if (with_sleeps) {
+            const ThreadStats* t = a.thread(std::stoi(tid));
+            REQUIRE(t);
+            CHECK(t->gil_sleep_count == e["gil_sleep_count"].get<uint64_t>());
+        }
+    }
+    CHECK(contending >= 3);
+}
+
 }  // namespace
 
 TEST_CASE("golden: plain file") { check_golden("plain"); }
@@ -111,6 +140,13 @@ TEST_CASE("golden: header features of a real recording") {
     s.run(n);
     CHECK(s.stats().first_time == f.sample_time->first);
     CHECK(s.stats().last_time == f.sample_time->second);
+}
+
+TEST_CASE("golden: GIL uprobes only (per4m's gil mode)") { check_golden_gil("gil_uprobes", false); }
+
+TEST_CASE("golden: GIL uprobes with scheduler events: both views, S(GIL) from the probes") {
+    check_golden("gil_combined");
+    check_golden_gil("gil_combined", true);
 }
 
 TEST_CASE("golden: truncated copy yields the records before the cut and a warning") {

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gilscan/gil_probes.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 #include "perf_writer.h"
@@ -74,7 +75,14 @@ struct Collect : SpanSink {
 struct Analysis {
     Collect spans;
     std::vector<ThreadStats> threads;
+    std::vector<GilThreadStats> gil;
+    GilAnomalies gil_anomalies;
     DecodeStats stats;
+    const GilThreadStats* gil_thread(int32_t tid) const {
+        for (auto& t : gil)
+            if (t.tid == tid) return &t;
+        return nullptr;
+    }
     const ThreadStats* thread(int32_t tid) const {
         for (auto& t : threads)
             if (t.tid == tid) return &t;
@@ -85,10 +93,16 @@ struct Analysis {
 inline Analysis analyse(const std::string& path) {
     Analysis a;
     Session s(path);
+    GilTracker gil(nullptr);
     Timeline tl(s, a.spans);
-    s.run(tl);
+    tl.set_classifier(gil_probe_classifier(gil));
+    FanOut stages({&gil, &tl});
+    s.run(stages);
+    gil.finish(s.stats().last_time);
     tl.finish(s.stats().last_time);
     a.threads = tl.threads();
+    a.gil = gil.threads();
+    a.gil_anomalies = gil.anomalies();
     a.stats = s.stats();
     return a;
 }

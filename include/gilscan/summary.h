@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gilscan/gil_probes.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 
@@ -41,11 +42,16 @@ struct FileSummary {
     std::vector<std::string> warnings;
     std::vector<ThreadSummary> threads;
     bool pipe_mode = false, compressed = false, truncated = false;
-    bool gil_sleep_known = false;  // set when stacks were classified
+    bool gil_sleep_known = false;  // set when sleeps were classified (stacks or uprobes)
+    std::string gil_sleep_source;  // "uprobes" or "stacks"
+    bool gil_probes = false;       // take_gil/drop_gil uprobes were recorded
+    uint64_t gil_probe_events = 0;
+    std::vector<GilProcessStats> gil_processes;
+    GilAnomalies gil_anomalies;
 };
 
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
-                          const std::unordered_set<int32_t>& pids);
+                          const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr);
 void print_summary_table(std::FILE* out, const FileSummary& fs);
 nlohmann::json summary_json(const FileSummary& fs);
 

@@ -47,6 +47,10 @@ public:
     // Generic complete event on another track (e.g. GIL spans of later stages).
     void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
                   uint64_t end_ns, std::string_view args_json = {});
+    // Counter track ("ph":"C"), e.g. the number of threads waiting for the GIL.
+    void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json);
+    // Names an extra track (e.g. the per-process "GIL holder" track).
+    void name_thread(int32_t pid, int32_t tid, std::string_view name);
     void finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
 

@@ -1,0 +1,140 @@
+// Stage: GIL hold / wait from take_gil / drop_gil uprobes (per4m's `gil` mode).
+//
+//   GilTracker gil(&trace_writer);         // or nullptr: figures only
+//   FanOut both{&gil, &timeline};          // the tracker sees each event first
+//   session.run(both);
+//   gil.finish(end);
+//   gil.thread(tid)->wait_ns, gil.processes(), gil.anomalies()
+//
+// Per thread: GIL wait = take_gil entry -> take_gil return; GIL held =
+// take_gil return -> next drop_gil entry; the rest of the thread's span is
+// no-GIL. Event names are matched whatever the probe group (python:, g39:,
+// probe_libpython3:) and with perf's duplicate suffixes (take_gil_1 when perf
+// placed several probes for an inlined function). Broken sequences — a
+// missing return, a drop without a take, two holders at once — are counted
+// as anomalies and reported, never asserted.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gilscan/sched_events.h"
+#include "gilscan/session.h"
+#include "gilscan/timeline.h"
+
+namespace gilscan {
+
+class TraceWriter;
+
+struct GilThreadStats {
+    int32_t tid = -1, tgid = -1;
+    uint64_t wait_ns = 0, hold_ns = 0;
+    uint64_t takes = 0, drops = 0;
+    uint64_t first = ~uint64_t{0}, last = 0;
+};
+
+struct GilProcessStats {
+    int32_t pid = -1;
+    uint64_t first = ~uint64_t{0}, last = 0;
+    uint64_t held_ns = 0;       // some thread holds the GIL
+    uint64_t contended_ns = 0;  // held while at least one other thread waits
+    uint64_t waiting_ns = 0;    // at least one thread waits
+    uint32_t max_waiters = 0;
+};
+
+struct GilAnomalies {
+    uint64_t take_without_return = 0;   // take_gil entered again before returning
+    uint64_t return_without_take = 0;   // take_gil__return with no entry seen
+    uint64_t drop_without_take = 0;     // drop_gil while not holding
+    uint64_t overlapping_holders = 0;   // a take returned while another thread held the GIL
+    uint64_t total() const {
+        return take_without_return + return_without_take + drop_without_take + overlapping_holders;
+    }
+};
+
+enum class GilState : uint8_t { None, Waiting, Holding, Dropping };
+
+class GilTracker : public EventSink {
+public:
+    explicit GilTracker(TraceWriter* trace) : trace_(trace) {}
+
+    void on_sample(const Sample& s, const EventInfo& ev) override;
+    void finish(uint64_t end);
+
+    bool seen_probes() const { return probe_events_ > 0; }
+    uint64_t probe_events() const { return probe_events_; }
+    GilState state(int32_t tid) const;
+    const GilThreadStats* thread(int32_t tid) const;
+    std::vector<GilThreadStats> threads() const;
+    std::vector<GilProcessStats> processes() const;
+    const GilAnomalies& anomalies() const { return anomalies_; }
+
+private:
+    struct Thread {
+        GilThreadStats st;
+        GilState state = GilState::None;
+        uint64_t since = 0;
+    };
+    struct Process {
+        GilProcessStats st;
+        int32_t holder = -1;
+        uint64_t holder_since = 0;
+        uint32_t holders = 0, waiters = 0;
+        uint64_t changed = 0;
+    };
+    Thread& thread_of(int32_t pid, int32_t tid);
+    Process& process_of(int32_t pid);
+    void account(Process& p, uint64_t t);  // integrate the process counters up to t
+    void set_holder(Process& p, int32_t tid, uint64_t t);
+    void waiters_changed(Process& p, uint64_t t);
+    void end_wait(Thread& th, uint64_t t, bool cut);
+    void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
+
+    TraceWriter* trace_;
+    std::vector<TpKind> kinds_;  // per EventInfo index
+    std::unordered_map<int32_t, size_t> threads_;
+    std::deque<Thread> all_;
+    std::unordered_map<int32_t, Process> procs_;
+    GilAnomalies anomalies_;
+    uint64_t probe_events_ = 0;
+};
+
+// Labels a sleep from the uprobe state of its thread at the switch-out:
+// inside take_gil -> "S(GIL)", inside drop_gil (FORCE_SWITCHING hand-off
+// wait) -> "S(GIL handoff)".
+SleepClassifier gil_probe_classifier(const GilTracker& gil);
+
+// Delivers every event to several sinks, in order.
+class FanOut : public EventSink {
+public:
+    explicit FanOut(std::vector<EventSink*> sinks) : sinks_(std::move(sinks)) {}
+    void on_sample(const Sample& s, const EventInfo& e) override {
+        for (auto* k : sinks_) k->on_sample(s, e);
+    }
+    void on_comm(const CommEvent& e) override {
+        for (auto* k : sinks_) k->on_comm(e);
+    }
+    void on_fork(const TaskEvent& e) override {
+        for (auto* k : sinks_) k->on_fork(e);
+    }
+    void on_exit(const TaskEvent& e) override {
+        for (auto* k : sinks_) k->on_exit(e);
+    }
+    void on_mmap(const MmapEvent& e) override {
+        for (auto* k : sinks_) k->on_mmap(e);
+    }
+    void on_lost(const LostEvent& e) override {
+        for (auto* k : sinks_) k->on_lost(e);
+    }
+
+private:
+    std::vector<EventSink*> sinks_;
+};
+
+// The id of the per-process "GIL holder" track in the trace.
+inline int32_t gil_track_tid(int32_t pid) { return pid + 0x40000000; }
+
+}  // namespace gilscan

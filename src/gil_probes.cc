@@ -1,0 +1,207 @@
+#include "gilscan/gil_probes.h"
+
+#include <algorithm>
+#include <string>
+
+#include "gilscan/trace_writer.h"
+
+namespace gilscan {
+
+GilTracker::Thread& GilTracker::thread_of(int32_t pid, int32_t tid) {
+    auto it = threads_.find(tid);
+    if (it != threads_.end()) {
+        if (pid > 0) all_[it->second].st.tgid = pid;
+        return all_[it->second];
+    }
+    Thread th;
+    th.st.tid = tid;
+    th.st.tgid = pid > 0 ? pid : tid;
+    threads_[tid] = all_.size();
+    all_.push_back(th);
+    return all_.back();
+}
+
+GilTracker::Process& GilTracker::process_of(int32_t pid) {
+    Process& p = procs_[pid];
+    p.st.pid = pid;
+    return p;
+}
+
+void GilTracker::account(Process& p, uint64_t t) {
+    if (t > p.changed) {
+        const uint64_t dt = t - p.changed;
+        if (p.holders > 0) p.st.held_ns += dt;
+        if (p.holders > 0 && p.waiters > 0) p.st.contended_ns += dt;
+        if (p.waiters > 0) p.st.waiting_ns += dt;
+    }
+    p.changed = std::max(p.changed, t);
+}
+
+void GilTracker::waiters_changed(Process& p, uint64_t t) {
+    p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
+    if (trace_) {
+        std::string args = "{\"waiting\":" + std::to_string(p.waiters) + "}";
+        trace_->counter(p.st.pid, "GIL waiters", t, args);
+    }
+}
+
+void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
+    // Close the holder track's previous span.
+    if (p.holder > 0 && trace_ && t > p.holder_since) {
+        std::string name = "GIL held by " + std::to_string(p.holder);
+        std::string args = "{\"holder\":" + std::to_string(p.holder) + "}";
+        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), name, "GIL holder", p.holder_since, t, args);
+    }
+    p.holder = tid;
+    p.holder_since = t;
+}
+
+void GilTracker::end_wait(Thread& th, uint64_t t, bool cut) {
+    const uint64_t d = t > th.since ? t - th.since : 0;
+    th.st.wait_ns += d;
+    if (trace_) trace_->complete(th.st.tgid, th.st.tid, "GIL wait", "GIL state", th.since, t,
+                                 cut ? "{\"cut_at_end\":true}" : "");
+}
+
+void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
+    const uint64_t d = t > th.since ? t - th.since : 0;
+    th.st.hold_ns += d;
+    if (trace_) trace_->complete(th.st.tgid, th.st.tid, "LOCK", "GIL state", th.since, t,
+                                 cut ? "{\"cut_at_end\":true}" : "");
+    account(p, t);
+    if (p.holders > 0) --p.holders;
+    if (p.holder == th.st.tid) set_holder(p, -1, t);
+}
+
+void GilTracker::on_sample(const Sample& s, const EventInfo& ev) {
+    if (kinds_.size() <= static_cast<size_t>(ev.index)) kinds_.resize(static_cast<size_t>(ev.index) + 1, TpKind::SchedSwitch);
+    TpKind& k = kinds_[static_cast<size_t>(ev.index)];
+    if (k == TpKind::SchedSwitch) k = gil_probe_kind(ev.name);  // SchedSwitch marks "not yet classified"
+    if (k != TpKind::GilTake && k != TpKind::GilTakeReturn && k != TpKind::GilDrop && k != TpKind::GilDropReturn)
+        return;
+    if (s.tid <= 0) return;
+    ++probe_events_;
+    const uint64_t t = s.time;
+    Thread& th = thread_of(s.pid, s.tid);
+    th.st.first = std::min(th.st.first, t);
+    th.st.last = std::max(th.st.last, t);
+    Process& p = process_of(th.st.tgid);
+    p.st.first = std::min(p.st.first, t);
+    p.st.last = std::max(p.st.last, t);
+    switch (k) {
+    case TpKind::GilTake:
+        if (th.state == GilState::Waiting) {
+            ++anomalies_.take_without_return;  // the return was lost: count the wait so far
+            end_wait(th, t, false);
+            account(p, t);
+            --p.waiters;
+        } else if (th.state == GilState::Holding) {
+            ++anomalies_.drop_without_take;  // holding, asks again: the drop was lost
+            end_hold(th, p, t, false);
+        }
+        ++th.st.takes;
+        th.state = GilState::Waiting;
+        th.since = t;
+        account(p, t);
+        ++p.waiters;
+        waiters_changed(p, t);
+        break;
+    case TpKind::GilTakeReturn:
+        if (th.state == GilState::Waiting) {
+            end_wait(th, t, false);
+            account(p, t);
+            --p.waiters;
+            waiters_changed(p, t);
+        } else {
+            ++anomalies_.return_without_take;
+        }
+        account(p, t);
+        if (p.holders > 0 && p.holder != th.st.tid) ++anomalies_.overlapping_holders;
+        ++p.holders;
+        set_holder(p, th.st.tid, t);
+        th.state = GilState::Holding;
+        th.since = t;
+        break;
+    case TpKind::GilDrop:
+        ++th.st.drops;
+        if (th.state == GilState::Holding) {
+            end_hold(th, p, t, false);
+        } else {
+            ++anomalies_.drop_without_take;
+            if (th.state == GilState::Waiting) {
+                end_wait(th, t, false);
+                account(p, t);
+                --p.waiters;
+                waiters_changed(p, t);
+            }
+        }
+        th.state = GilState::Dropping;
+        th.since = t;
+        break;
+    case TpKind::GilDropReturn:
+        if (th.state == GilState::Dropping) th.state = GilState::None;
+        break;
+    default: break;
+    }
+}
+
+void GilTracker::finish(uint64_t end) {
+    for (auto& th : all_) {
+        Process& p = process_of(th.st.tgid);
+        uint64_t e = std::max(end, th.since);
+        if (th.state == GilState::Waiting) {
+            end_wait(th, e, true);
+            account(p, e);
+            --p.waiters;
+        } else if (th.state == GilState::Holding) {
+            end_hold(th, p, e, true);
+        }
+        th.state = GilState::None;
+    }
+    for (auto& [pid, p] : procs_) {
+        account(p, std::max(end, p.changed));
+        if (p.holder > 0) set_holder(p, -1, std::max(end, p.holder_since));
+    }
+}
+
+GilState GilTracker::state(int32_t tid) const {
+    auto it = threads_.find(tid);
+    return it == threads_.end() ? GilState::None : all_[it->second].state;
+}
+
+const GilThreadStats* GilTracker::thread(int32_t tid) const {
+    auto it = threads_.find(tid);
+    return it == threads_.end() ? nullptr : &all_[it->second].st;
+}
+
+std::vector<GilThreadStats> GilTracker::threads() const {
+    std::vector<GilThreadStats> out;
+    for (const auto& th : all_) out.push_back(th.st);
+    return out;
+}
+
+std::vector<GilProcessStats> GilTracker::processes() const {
+    std::vector<GilProcessStats> out;
+    for (const auto& [pid, p] : procs_) out.push_back(p.st);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.pid < b.pid; });
+    return out;
+}
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+SleepClassifier gil_probe_classifier(const GilTracker& gil) {
+    return [&gil](const Sample& s, const EventInfo&, const PrevState& ps) {
+        SleepLabel l;
+        if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return l;
+        switch (gil.state(s.tid)) {
+        case GilState::Waiting: l = {"S(GIL)", "inside take_gil (uprobe)", true}; break;
+        case GilState::Dropping: l = {"S(GIL handoff)", "inside drop_gil (uprobe)", false}; break;
+        default: break;
+        }
+        return l;
+    };
+}
+
+}  // namespace gilscan

@@ -1,0 +1,111 @@
+#include <doctest/doctest.h>
+
+#include "gilscan/gil_probes.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+
+namespace {
+
+std::string probe_format(const std::string& name, uint32_t id, bool ret) {
+    std::string f = "name: " + name + "\nID: " + std::to_string(id) + "\nformat:\n"
+                    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+                    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+                    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n";
+    if (ret)
+        f += "\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n"
+             "\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+             "print fmt: \"(%lx <- %lx)\", REC->__probe_func, REC->__probe_ret_ip\n";
+    else
+        f += "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\n"
+             "print fmt: \"(%lx)\", REC->__probe_ip\n";
+    return f;
+}
+
+struct GilRecording {
+    SchedRecording r;
+    int take, take_ret, drop, drop_ret;
+    explicit GilRecording(const std::string& group = "python", const std::string& suffix = "") {
+        take = r.w.add_tracepoint(group, probe_format("take_gil" + suffix, 2001, false), kTpSampleType);
+        take_ret = r.w.add_tracepoint(group, probe_format("take_gil" + suffix + "__return", 2002, true), kTpSampleType);
+        drop = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix, 2003, false), kTpSampleType);
+        drop_ret = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix + "__return", 2004, true), kTpSampleType);
+    }
+    void ev(int which, uint64_t t, int32_t tid, int32_t pid = 10) {
+        TestSample s;
+        s.pid = pid;
+        s.tid = tid;
+        s.time = t;
+        s.raw = r.w.raw(which, {});
+        r.w.sample(which, s);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("wait = take_gil entry..return, held = return..next drop_gil entry, per thread") {
+    for (auto [group, suffix] : {std::pair<std::string, std::string>{"python", ""}, {"g39", "_1"}}) {
+        CAPTURE(group);
+        GilRecording g(group, suffix);
+        g.ev(g.take, 100, 11);
+        g.ev(g.take_ret, 110, 11);  // 11: waited 10
+        g.ev(g.take, 120, 12);      // 12 starts waiting
+        g.ev(g.drop, 200, 11);      // 11 held 90
+        g.ev(g.drop_ret, 205, 11);
+        g.ev(g.take_ret, 206, 12);  // 12 waited 86
+        g.ev(g.drop, 300, 12);      // 12 held 94
+        g.ev(g.drop_ret, 301, 12);
+        Analysis a = analyse_bytes(g.r.w.build());
+        REQUIRE(a.gil_thread(11));
+        CHECK(a.gil_thread(11)->wait_ns == 10);
+        CHECK(a.gil_thread(11)->hold_ns == 90);
+        CHECK(a.gil_thread(12)->wait_ns == 86);
+        CHECK(a.gil_thread(12)->hold_ns == 94);
+        CHECK(a.gil_anomalies.total() == 0);
+    }
+}
+
+TEST_CASE("GIL anomalies are counted, never fatal, and the figures stay usable") {
+    GilRecording g;
+    g.ev(g.take_ret, 50, 13);   // return without entry (probes placed mid-run)
+    g.ev(g.drop, 60, 13);
+    g.ev(g.take, 100, 11);
+    g.ev(g.take, 150, 11);      // entered again: the return was lost
+    g.ev(g.take_ret, 160, 11);
+    g.ev(g.take_ret, 170, 12);  // 12 "takes" while 11 holds: overlapping holders
+    g.ev(g.drop, 180, 14);      // drop without take
+    g.ev(g.drop, 200, 11);
+    Analysis a = analyse_bytes(g.r.w.build());
+    CHECK(a.gil_anomalies.return_without_take == 2);
+    CHECK(a.gil_anomalies.take_without_return == 1);
+    CHECK(a.gil_anomalies.overlapping_holders == 1);
+    CHECK(a.gil_anomalies.drop_without_take == 1);
+    CHECK(a.gil_thread(11)->wait_ns == 60);
+    CHECK(a.gil_thread(11)->hold_ns == 40);
+    CHECK(a.gil_thread(13)->hold_ns == 10);
+}
+
+TEST_CASE("a sleep inside take_gil is S(GIL), inside drop_gil S(GIL handoff)") {
+    GilRecording g;
+    g.ev(g.take, 100, 11);
+    g.r.switch_(105, 0, 10, 11, 1, 0);  // sleeps waiting for the GIL
+    g.r.waking(150, 1, 10, 12, 11);
+    g.r.switch_(160, 1, 10, 12, 1, 11);
+    g.ev(g.take_ret, 161, 11);
+    g.ev(g.drop, 200, 11);
+    g.r.switch_(201, 1, 10, 11, 1, 0);  // FORCE_SWITCHING: waits for the next holder
+    g.r.waking(250, 0, 10, 12, 11);
+    g.r.switch_(260, 1, 10, 12, 1, 11);
+    g.ev(g.drop_ret, 261, 11);
+    g.r.switch_(300, 1, 10, 11, 1, 0);  // an ordinary sleep
+    Analysis a = analyse_bytes(g.r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 3);
+    CHECK(sleeps[0].name == "S(GIL)");
+    CHECK(sleeps[1].name == "S(GIL handoff)");
+    CHECK(sleeps[2].name == "S");
+    CHECK(a.thread(11)->gil_sleep_count == 1);
+    CHECK(a.thread(11)->gil_sleep_ns == 45);
+}
