@@ -96,7 +96,7 @@ void GilTracker::on_sample(const Sample& s, const EventInfo& ev) {
             account(p, t);
             --p.waiters;
         } else if (th.state == GilState::Holding) {
-            ++anomalies_.drop_without_take;  // holding, asks again: the drop was lost
+            ++anomalies_.implicit_drops;  // holding, asks again: dropped unseen just before
             end_hold(th, p, t, false);
         }
         ++th.st.takes;

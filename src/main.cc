@@ -16,6 +16,7 @@
 #include "gilscan/error.h"
 #include "gilscan/gil_probes.h"
 #include "gilscan/output_file.h"
+#include "gilscan/probe.h"
 #include "gilscan/session.h"
 #include "gilscan/summary.h"
 #include "gilscan/timeline.h"
@@ -172,6 +173,14 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "probe") == 0) {
+        try {
+            return gilscan::probe_main(argc, argv);
+        } catch (const gilscan::Error& e) {
+            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
+            return 1;
+        }
+    }
     Options opt = parse_args(argc, argv);
     try {
         return run(opt);

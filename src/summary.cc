@@ -57,6 +57,10 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
         for (const auto& gp : gil->processes())
             if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
         fs.gil_anomalies = gil->anomalies();
+        if (fs.gil_anomalies.implicit_drops)
+            fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
+                                  " GIL hold(s) ended by take_gil itself (drop_gil not probed on that path: inlined "
+                                  "in this build, e.g. at the eval breaker); held time ends when take_gil is entered");
         if (fs.gil_anomalies.total())
             fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
                                   " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
@@ -201,7 +205,8 @@ nlohmann::json summary_json(const FileSummary& fs) {
     g["anomalies"] = {{"take_without_return", fs.gil_anomalies.take_without_return},
                       {"return_without_take", fs.gil_anomalies.return_without_take},
                       {"drop_without_take", fs.gil_anomalies.drop_without_take},
-                      {"overlapping_holders", fs.gil_anomalies.overlapping_holders}};
+                      {"overlapping_holders", fs.gil_anomalies.overlapping_holders},
+                      {"implicit_drops", fs.gil_anomalies.implicit_drops}};
     j["gil"] = g;
     return j;
 }

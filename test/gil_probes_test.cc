@@ -85,6 +85,23 @@ TEST_CASE("GIL anomalies are counted, never fatal, and the figures stay usable")
     CHECK(a.gil_thread(11)->wait_ns == 60);
     CHECK(a.gil_thread(11)->hold_ns == 40);
     CHECK(a.gil_thread(13)->hold_ns == 10);
+    CHECK(a.gil_anomalies.implicit_drops == 0);
+}
+
+TEST_CASE("take_gil entered while holding ends the hold (drop_gil inlined at the eval breaker)") {
+    GilRecording g;
+    g.ev(g.take, 100, 11);
+    g.ev(g.take_ret, 110, 11);
+    g.ev(g.take, 200, 11);      // eval breaker: inlined drop_gil, then take_gil
+    g.ev(g.take_ret, 205, 12);  // 12 got it in between: no overlap
+    g.ev(g.drop, 250, 12);
+    g.ev(g.take_ret, 300, 11);
+    Analysis a = analyse_bytes(g.r.w.build());
+    CHECK(a.gil_anomalies.implicit_drops == 1);
+    CHECK(a.gil_anomalies.overlapping_holders == 0);
+    CHECK(a.gil_anomalies.return_without_take == 1);  // 12's take entry is not in this recording
+    CHECK(a.gil_thread(11)->hold_ns == 90);
+    CHECK(a.gil_thread(11)->wait_ns == 10 + 100);
 }
 
 TEST_CASE("a sleep inside take_gil is S(GIL), inside drop_gil S(GIL handoff)") {

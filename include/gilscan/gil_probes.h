@@ -50,6 +50,10 @@ struct GilAnomalies {
     uint64_t return_without_take = 0;   // take_gil__return with no entry seen
     uint64_t drop_without_take = 0;     // drop_gil while not holding
     uint64_t overlapping_holders = 0;   // a take returned while another thread held the GIL
+    // take_gil entered while holding: the drop happened unseen (drop_gil
+    // inlined at the eval breaker of stripped builds, or a lost event); the
+    // hold ends there. Not an anomaly where the build inlines drop_gil.
+    uint64_t implicit_drops = 0;
     uint64_t total() const {
         return take_without_return + return_without_take + drop_without_take + overlapping_holders;
     }

@@ -1,0 +1,316 @@
+#include "gilscan/probe.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+namespace gilscan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_elf(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char m[4] = {};
+    f.read(m, 4);
+    return f && std::memcmp(m, "\x7f" "ELF", 4) == 0;
+}
+
+std::string which(const std::string& cmd) {
+    if (cmd.find('/') != std::string::npos) return cmd;
+    const char* path = std::getenv("PATH");
+    std::stringstream ss(path ? path : "/usr/bin:/bin");
+    std::string dir;
+    while (std::getline(ss, dir, ':')) {
+        fs::path p = fs::path(dir.empty() ? "." : dir) / cmd;
+        if (::access(p.c_str(), X_OK) == 0 && fs::is_regular_file(p)) return p.string();
+    }
+    throw Error(cmd, Error::no_offset, "not found on PATH");
+}
+
+// First line of a script: "#!/usr/bin/env python3" -> "python3".
+std::string shebang_interpreter(const std::string& path) {
+    std::ifstream f(path);
+    std::string line;
+    if (!std::getline(f, line) || line.rfind("#!", 0) != 0) return {};
+    std::stringstream ss(line.substr(2));
+    std::string prog, arg;
+    ss >> prog;
+    if (fs::path(prog).filename() == "env") {
+        while (ss >> arg)
+            if (arg[0] != '-') return arg;
+        return {};
+    }
+    return prog;
+}
+
+bool exports_gil_callers(const std::string& path) {
+    try {
+        ElfFile elf(path);
+        const ElfSymbol* s = elf.find_symbol("PyEval_RestoreThread");
+        return s && s->dynamic && s->defined;
+    } catch (const Error&) {
+        return false;
+    }
+}
+
+// Asks the interpreter itself: its real executable and, when it was built
+// with --enable-shared, the libpython it loads.
+std::string ask_interpreter(const std::string& interp) {
+    std::string cmd = "'" + interp +
+                      "' -c \"import os, sys, sysconfig; v = sysconfig.get_config_var; "
+                      "print(os.path.realpath(sys.executable)); print(v('Py_ENABLE_SHARED') or 0); "
+                      "print(os.path.join(v('LIBDIR') or '', v('INSTSONAME') or ''))\" 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) throw Error(interp, Error::no_offset, "cannot run it to find its libpython");
+    char buf[4096];
+    std::vector<std::string> lines;
+    while (std::fgets(buf, sizeof buf, p)) {
+        std::string l(buf);
+        while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+        lines.push_back(l);
+    }
+    int rc = ::pclose(p);
+    if (rc != 0 || lines.size() < 3)
+        throw Error(interp, Error::no_offset, "is not a Python 3 interpreter that gilscan can ask (run it with -c failed)");
+    if (lines[1] != "0" && fs::exists(lines[2])) return fs::canonical(lines[2]).string();
+    return lines[0];
+}
+
+}  // namespace
+
+std::string UprobeSpec::line() const {
+    char off[32];
+    std::snprintf(off, sizeof off, "0x%llx", static_cast<unsigned long long>(offset));
+    return std::string(ret ? "r:" : "p:") + group + "/" + event + " " + path + ":" + off;
+}
+
+std::string resolve_python_binary(const std::string& what) {
+    std::string path = which(what);
+    if (!fs::exists(path)) throw Error(path, Error::no_offset, "no such file");
+    if (is_elf(path)) {
+        std::string real = fs::canonical(path).string();
+        if (exports_gil_callers(real)) return real;  // libpython, or a statically linked python
+        return ask_interpreter(real);                // a python linked against libpython
+    }
+    // A script: a pyenv shim (bash that execs python) or a console script.
+    std::string interp = shebang_interpreter(path);
+    std::string base = fs::path(path).filename().string();
+    if (!interp.empty() && fs::path(interp).filename().string().rfind("python", 0) == 0)
+        return resolve_python_binary(interp);
+    if (base.rfind("python", 0) == 0) return ask_interpreter(path);  // a shim named python*: it forwards -c
+    throw Error(path, Error::no_offset,
+                "cannot tell which Python this script runs; name the interpreter or libpython instead");
+}
+
+std::string default_probe_group(const std::string& binary) {
+    std::string base = fs::path(binary).filename().string();
+    for (const char* suffix : {".so.1.0", ".so"}) {
+        size_t p = base.find(suffix);
+        if (p != std::string::npos) base = base.substr(0, p);
+    }
+    std::string g = "gil_";
+    for (char ch : base) g += std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '_';
+    return g.substr(0, 48);
+}
+
+ProbePlan plan_probes(const std::string& binary, const std::string& group) {
+    ElfFile elf(binary);
+    ProbePlan plan;
+    plan.binary = binary;
+    plan.group = group.empty() ? default_probe_group(binary) : group;
+    plan.loc = locate_gil(elf);
+    if (plan.loc.take.empty()) {
+        std::string why = plan.loc.notes.empty() ? "take_gil not found" : plan.loc.notes.back();
+        throw Error(binary, Error::no_offset, why);
+    }
+    auto add = [&](const std::vector<GilFunction>& fns, const char* base) {
+        for (size_t i = 0; i < fns.size(); ++i) {
+            auto off = elf.vaddr_to_offset(fns[i].vaddr);
+            if (!off) throw Error(binary, Error::no_offset, std::string(base) + " address is not in a loaded segment");
+            // perf's naming: take_gil, take_gil_1, ... and <name>__return
+            std::string ev = i == 0 ? base : std::string(base) + "_" + std::to_string(i);
+            plan.probes.push_back({plan.group, ev, binary, *off, false});
+            plan.probes.push_back({plan.group, ev + "__return", binary, *off, true});
+        }
+    };
+    add(plan.loc.take, "take_gil");
+    add(plan.loc.drop, "drop_gil");
+    return plan;
+}
+
+std::string tracefs_dir(bool mount_if_needed) {
+    for (const char* d : {"/sys/kernel/tracing", "/sys/kernel/debug/tracing"})
+        if (fs::exists(std::string(d) + "/uprobe_events")) return d;
+    if (mount_if_needed && ::geteuid() == 0) {
+        if (::mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nullptr) == 0 &&
+            fs::exists("/sys/kernel/tracing/uprobe_events"))
+            return "/sys/kernel/tracing";
+    }
+    throw Error("tracefs", Error::no_offset,
+                ::geteuid() == 0 ? "not mounted and could not be mounted: mount -t tracefs nodev /sys/kernel/tracing"
+                                 : "not available to this user: run as root (uprobes need root)");
+}
+
+namespace {
+
+std::vector<std::string> read_lines(const std::string& path) {
+    std::ifstream f(path);
+    std::vector<std::string> out;
+    std::string l;
+    while (std::getline(f, l)) out.push_back(l);
+    return out;
+}
+
+void append_line(const std::string& file, const std::string& line) {
+    // One write() per line on an O_APPEND descriptor: that is how tracefs
+    // takes commands (stdio's "a" mode is refused there).
+    int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        throw Error(file, Error::no_offset,
+                    std::string("cannot open: ") + std::strerror(e) +
+                        (e == EACCES || e == EPERM ? " (run as root, or use --print)" : ""));
+    }
+    std::string l = line + "\n";
+    ssize_t n = ::write(fd, l.data(), l.size());
+    int e = errno;
+    ::close(fd);
+    if (n != static_cast<ssize_t>(l.size()))
+        throw Error(file, Error::no_offset,
+                    "'" + line + "' refused: " + std::strerror(e) +
+                        (e == EBUSY ? " (the probe is in use: stop the perf record using it)" : ""));
+}
+
+// "p:group/event /path:0x1234" -> "group/event"
+std::string probe_key(const std::string& line) {
+    size_t colon = line.find(':');
+    size_t sp = line.find(' ');
+    if (colon == std::string::npos || sp == std::string::npos || sp < colon) return {};
+    return line.substr(colon + 1, sp - colon - 1);
+}
+
+}  // namespace
+
+std::vector<std::string> install_probes(const ProbePlan& plan, const std::string& tracefs) {
+    const std::string file = tracefs + "/uprobe_events";
+    std::vector<std::string> existing = read_lines(file), written;
+    for (const auto& p : plan.probes) {
+        std::string want = p.line();
+        std::string key = p.group + "/" + p.event;
+        bool same = false;
+        for (const auto& l : existing) {
+            if (probe_key(l) != key) continue;
+            // The kernel prints offsets zero-padded: compare by parsed value.
+            size_t c = l.rfind(':');
+            unsigned long long off = c == std::string::npos ? 0 : std::strtoull(l.c_str() + c + 1, nullptr, 16);
+            std::string path = l.substr(l.find(' ') + 1, c - l.find(' ') - 1);
+            if (path == p.path && off == p.offset && (l[0] == 'r') == p.ret) same = true;
+            else append_line(file, "-:" + key);
+        }
+        if (same) continue;
+        append_line(file, want);
+        written.push_back(want);
+    }
+    return written;
+}
+
+size_t remove_probes(const std::string& group, const std::string& tracefs) {
+    const std::string file = tracefs + "/uprobe_events";
+    size_t n = 0;
+    for (const auto& l : read_lines(file)) {
+        std::string key = probe_key(l);
+        std::string g = key.substr(0, key.find('/'));
+        if (group.empty() ? g.rfind("gil_", 0) == 0 : g == group) {
+            append_line(file, "-:" + key);
+            ++n;
+        }
+    }
+    return n;
+}
+
+int probe_main(int argc, char** argv) {
+    bool print = false, remove = false;
+    std::string group;
+    std::vector<std::string> targets;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--print") print = true;
+        else if (a == "--remove") remove = true;
+        else if (a == "--group" && i + 1 < argc) group = argv[++i];
+        else if (a == "-h" || a == "--help") {
+            std::puts("usage: gilscan probe [--print] [--remove] [--group NAME] [PYTHON_OR_LIBPYTHON...]\n\n"
+                      "Finds take_gil/drop_gil (by symbol, or by disassembling the exported GIL callers of a\n"
+                      "stripped Python) and installs entry and return uprobes via tracefs uprobe_events.\n"
+                      "Default target: the python3 on PATH (shims resolved to the real interpreter and the\n"
+                      "libpython it loads).\n\n"
+                      "  --print    only print the addresses and the uprobe_events / perf probe lines\n"
+                      "  --remove   delete the probes (of --group, else every gil_* group)\n"
+                      "  --group    probe group name (default: gil_<binary name>)");
+            return 0;
+        } else if (!a.empty() && a[0] == '-') {
+            std::fprintf(stderr, "gilscan: error: unknown option %s\n", a.c_str());
+            return 2;
+        } else {
+            targets.push_back(a);
+        }
+    }
+    if (remove && targets.empty()) {
+        size_t n = remove_probes(group, tracefs_dir(false));
+        std::printf("removed %zu uprobe(s)\n", n);
+        return 0;
+    }
+    if (targets.empty()) targets.push_back("python3");
+    if (!group.empty() && targets.size() > 1) {
+        std::fprintf(stderr, "gilscan: error: --group names one target's probes; give one target\n");
+        return 2;
+    }
+    for (const auto& t : targets) {
+        std::string bin = resolve_python_binary(t);
+        ProbePlan plan = plan_probes(bin, group);
+        if (remove) {
+            size_t n = remove_probes(plan.group, tracefs_dir(false));
+            std::printf("%s: removed %zu uprobe(s) of group %s\n", bin.c_str(), n, plan.group.c_str());
+            continue;
+        }
+        std::printf("# %s%s%s (%s)\n", bin.c_str(), plan.loc.build_id.empty() ? "" : " build-id ",
+                    plan.loc.build_id.c_str(), plan.loc.non_pie ? "non-PIE executable" : "position-independent");
+        for (const auto& fns : {plan.loc.take, plan.loc.drop})
+            for (const auto& f : fns)
+                std::printf("#   %-22s vaddr 0x%llx size %llu: %s\n", f.name.c_str(),
+                            static_cast<unsigned long long>(f.vaddr), static_cast<unsigned long long>(f.size),
+                            f.how.c_str());
+        for (const auto& n : plan.loc.notes) std::printf("#   note: %s\n", n.c_str());
+        if (print) {
+            for (const auto& p : plan.probes) std::printf("echo '%s' >> /sys/kernel/tracing/uprobe_events\n", p.line().c_str());
+            if (plan.loc.from_symbols) {
+                // perf probe can name symbol-found functions itself (not stripped ones).
+                for (const auto& fns : {plan.loc.take, plan.loc.drop})
+                    for (size_t i = 0; i < fns.size(); ++i) {
+                        std::string base = symbol_base_name(fns[i].name) == "take_gil" ? "take_gil" : "drop_gil";
+                        std::string ev = i == 0 ? base : base + "_" + std::to_string(i);
+                        std::printf("# or: perf probe -x %s -a '%s:%s=%s' -a '%s:%s=%s%%return'\n", bin.c_str(),
+                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str(), plan.group.c_str(),
+                                    ev.c_str(), fns[i].name.c_str());
+                    }
+            }
+            continue;
+        }
+        auto written = install_probes(plan, tracefs_dir(true));
+        std::printf("%zu uprobe(s) in group %s (%zu added, %zu already there)\n", plan.probes.size(),
+                    plan.group.c_str(), written.size(), plan.probes.size() - written.size());
+        std::printf("record with: perf record -k CLOCK_MONOTONIC -e '%s:*' ... (or gilscan record --gil)\n",
+                    plan.group.c_str());
+    }
+    return 0;
+}
+
+}  // namespace gilscan
