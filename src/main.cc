@@ -6,6 +6,7 @@
 // (Session) -> tracepoint formats and thread state machines (Timeline) ->
 // outputs (TraceWriter, summary).
 #include <cstdio>
+#include <unistd.h>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "gilscan/gil_probes.h"
 #include "gilscan/output_file.h"
 #include "gilscan/probe.h"
+#include "gilscan/record_cmd.h"
 #include "gilscan/session.h"
 #include "gilscan/summary.h"
 #include "gilscan/timeline.h"
@@ -25,6 +27,8 @@
 namespace {
 
 constexpr const char* kUsage = R"(usage: gilscan FILE [options]
+       gilscan probe [--print] [--remove] [PYTHON_OR_LIBPYTHON...]
+       gilscan record [-o out.data] [--gil] [--state] [--stacks] -- python3 script.py
 
 Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
 scheduler tracepoints and writes a Chrome trace and a per-thread summary.
@@ -35,6 +39,8 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
       --no-runnable        leave runnable spans ("R+") out of the trace
       --no-sleeping        leave sleep spans out of the trace
       --pid PID[,PID...]   only these processes (trace and summary)
+      --all-threads        table: every thread, also of processes without GIL
+                           events when the recording has GIL uprobes
   -q, --quiet              no summary table on stdout
       --version            print the version
   -h, --help               this text
@@ -49,6 +55,8 @@ struct Options {
     std::string output;
     std::string summary_json;
     bool running = false, runnable = true, sleeping = true, quiet = false;
+    bool progress = false;
+    bool all_threads = false;
     std::unordered_set<int32_t> pids;
 };
 
@@ -96,6 +104,8 @@ Options parse_args(int argc, char** argv) {
                 o.pids.insert(static_cast<int32_t>(v));
                 pos = comma + 1;
             }
+        } else if (a == "--all-threads") {
+            o.all_threads = true;
         } else if (a == "-q" || a == "--quiet") {
             o.quiet = true;
         } else if (!a.empty() && a[0] == '-' && a != "-") {
@@ -131,6 +141,13 @@ int run(const Options& opt) {
     gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
     timeline.set_classifier(gilscan::gil_probe_classifier(gil));
     gilscan::FanOut stages({&gil, &timeline});
+    if (opt.progress) {
+        session.set_progress([&opt](uint64_t done, uint64_t total) {
+            std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", opt.input.c_str(),
+                         total ? static_cast<int>(100 * done / total) : 100);
+            if (done >= total) std::fputc('\n', stderr);
+        });
+    }
     session.run(stages);
     const uint64_t end = session.stats().last_time;
     gil.finish(end);
@@ -166,7 +183,7 @@ int run(const Options& opt) {
         js.commit();
     }
     for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
-    if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary);
+    if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary, opt.all_threads);
     return 0;
 }
 
@@ -176,6 +193,24 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "probe") == 0) {
         try {
             return gilscan::probe_main(argc, argv);
+        } catch (const gilscan::Error& e) {
+            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
+            return 1;
+        }
+    }
+    if (argc > 1 && std::strcmp(argv[1], "record") == 0) {
+        try {
+            gilscan::RecordResult r = gilscan::record_main(argc, argv);
+            if (!r.analyse) return r.status;
+            Options opt;
+            opt.input = r.data_file;
+            opt.output = r.trace;
+            opt.summary_json = r.summary_json;
+            opt.quiet = r.quiet;
+            opt.progress = !r.quiet && ::isatty(2);
+            int rc = run(opt);
+            if (!r.quiet && !opt.output.empty()) std::fprintf(stderr, "gilscan: wrote %s\n", opt.output.c_str());
+            return rc != 0 ? rc : r.status;
         } catch (const gilscan::Error& e) {
             std::fprintf(stderr, "gilscan: error: %s\n", e.what());
             return 1;

@@ -179,8 +179,14 @@ void Session::run(EventSink& sink) {
     OrderedQueue q;
     auto deliver = [&](const QueuedRecord& qr) { this->deliver(qr.rec, qr.attr_index, sink); };
     uint64_t seq = 0, released = begin;
+    uint64_t next_progress = begin;
+    const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
     RawRecord r;
     while (rs.next(r)) {
+        if (progress_ && rs.position() >= next_progress) {
+            progress_(rs.position() - begin, end - begin);
+            next_progress = rs.position() + progress_step;
+        }
         ++stats_.records;
         ++stats_.records_by_type[r.type];
         if (r.type >= PERF_RECORD_KERNEL_MAX) {
@@ -231,6 +237,7 @@ void Session::run(EventSink& sink) {
         }
     }
     q.flush_all(deliver);
+    if (progress_) progress_(end - begin, end - begin);
     stats_.out_of_order = q.out_of_order();
     stats_.compressed_records = rs.compressed_records();
     for (const auto& w : rs.warnings()) warn(w);

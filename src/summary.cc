@@ -37,7 +37,7 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
         ts.st.tgid = pid;
         ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
         ts.main_thread = t.tid == pid;
-        if (gil && gil->seen_probes()) {
+        if (gil && gil->seen_probes() && !t.replaced_by_exec) {
             // GIL figures for every thread of a process that ran the probed Python.
             bool process_has_gil = false;
             for (const auto& gp : gil->processes()) process_has_gil |= gp.pid == pid;
@@ -84,7 +84,7 @@ double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * static_cast<d
 double ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
 }  // namespace
 
-void print_summary_table(std::FILE* out, const FileSummary& fs) {
+void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads) {
     std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms recorded):\n\n", fs.file.c_str(), fs.clock.c_str(),
                  ms(fs.last_time - fs.first_time));
     const bool gil_wait = std::any_of(fs.threads.begin(), fs.threads.end(), [](auto& t) { return t.gil_wait_ns.has_value(); });
@@ -93,7 +93,12 @@ void print_summary_table(std::FILE* out, const FileSummary& fs) {
     if (fs.gil_sleep_known) std::fprintf(out, " %11s", "S(GIL)%");
     if (gil_wait) std::fprintf(out, " %8s %8s %9s", "no-GIL%", "GIL%", "GIL-wait%");
     std::fprintf(out, "\n");
+    size_t hidden = 0;
     for (const auto& t : fs.threads) {
+        if (gil_wait && !all_threads && !t.gil_wait_ns) {
+            ++hidden;  // a process that never ran the probed Python (the pyenv shim's bash, ...)
+            continue;
+        }
         const uint64_t span = t.span_ns;
         char pid[24];
         std::snprintf(pid, sizeof pid, "%d%s", t.st.tgid, t.main_thread ? "*" : "");
@@ -111,6 +116,7 @@ void print_summary_table(std::FILE* out, const FileSummary& fs) {
         }
         std::fprintf(out, "\n");
     }
+    if (hidden) std::fprintf(out, "(%zu threads of processes without GIL events not shown: --all-threads)\n", hidden);
     std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events");
     if (gil_wait) std::fprintf(out, ";\n GIL%% = holds the GIL, GIL-wait%% = in take_gil, no-GIL%% = the rest of the thread's span");
     std::fprintf(out, ")\n");

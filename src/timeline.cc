@@ -291,6 +291,32 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
 
 void Timeline::on_comm(const CommEvent& e) {
     uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
+    auto it = live_.find(e.tid);
+    if (e.exec && it != live_.end() && all_[it->second].st.monitored && t > 0) {
+        // exec replaces the program (a pyenv shim's bash becoming python):
+        // the thread's statistics start again under the new program.
+        Thread& old = all_[it->second];
+        close(old, t, false);
+        touch(old, t);
+        const bool known = old.known && !old.dead;
+        const SpanKind state = old.state;
+        const uint32_t cpu = old.cpu;
+        old.dead = true;
+        old.known = false;
+        old.st.replaced_by_exec = true;
+        live_.erase(it);
+        Thread& th = thread(e.tid, t);
+        set_tgid(th, e.pid);
+        th.st.comm = std::string(e.comm);
+        th.st.monitored = true;
+        th.known = known;
+        th.state = state;
+        th.state_letters = span_kind_name(state);
+        th.since = t;
+        th.cpu = cpu;
+        touch(th, t);
+        return;
+    }
     Thread& th = thread(e.tid, t);
     set_tgid(th, e.pid);
     th.st.comm = std::string(e.comm);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -80,6 +81,8 @@ public:
     ~Session();
 
     void run(EventSink& sink);
+    // Called now and then during run() with (bytes decoded, bytes in total).
+    void set_progress(std::function<void(uint64_t, uint64_t)> f) { progress_ = std::move(f); }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -113,6 +116,7 @@ private:
     IdLayout layout_;
     bool layout_set_ = false;
     DecodeStats stats_;
+    std::function<void(uint64_t, uint64_t)> progress_;
 };
 
 }  // namespace gilscan

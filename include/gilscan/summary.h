@@ -52,7 +52,9 @@ struct FileSummary {
 
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
                           const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr);
-void print_summary_table(std::FILE* out, const FileSummary& fs);
+// With GIL uprobes in the recording, the table shows the threads of the
+// processes that ran the probed Python unless all_threads.
+void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads = false);
 nlohmann::json summary_json(const FileSummary& fs);
 
 }  // namespace gilscan

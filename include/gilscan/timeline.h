@@ -78,6 +78,7 @@ struct ThreadStats {
     uint64_t switches_out = 0;
     uint64_t hidden_switch_ins = 0;  // woken/preempted, then seen running with no switch-in
     bool exited = false;
+    bool replaced_by_exec = false;  // the program this entry describes exec'd another
     bool seen_switch = false;
     bool monitored = false;  // seen as the current task of a sample: its events are recorded
 };

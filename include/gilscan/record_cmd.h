@@ -1,0 +1,34 @@
+// `gilscan record`: giltracer's workflow in one command.
+//
+//   gilscan record [-o out.data] [--gil] [--state] [--stacks] -- python3 script.py args
+//
+// Checks perf, permissions and tracefs (one sentence each, with the fix),
+// places the GIL uprobes for the Python it is about to run (gilscan probe's
+// logic), runs `perf record -k CLOCK_MONOTONIC` with the right events
+// (call-graph=dwarf on sched_switch only with --stacks, so uprobes stay
+// cheap), forwards Ctrl-C, and hands the recording back to main for the
+// analysis. The program's exit status is gilscan's exit status.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gilscan {
+
+struct RecordResult {
+    int status = 0;            // the recorded program's exit status
+    bool analyse = false;      // a recording exists and should be analysed
+    std::string data_file;     // perf.data written
+    std::string trace;         // trace JSON to write ("" = none)
+    std::string summary_json;  // "" = none
+    bool quiet = false;
+};
+
+// Throws gilscan::Error with a user-facing sentence for the problems users hit.
+RecordResult record_main(int argc, char** argv);
+
+// The perf command line record_main runs (exposed for tests).
+std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
+                                          const std::string& probe_group, const std::vector<std::string>& command);
+
+}  // namespace gilscan

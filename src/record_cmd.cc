@@ -1,0 +1,179 @@
+#include "gilscan/record_cmd.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gilscan/error.h"
+#include "gilscan/probe.h"
+
+namespace gilscan {
+
+namespace {
+
+volatile sig_atomic_t g_child = 0;
+
+void forward_signal(int sig) {
+    if (g_child > 0) ::kill(g_child, sig);
+}
+
+bool on_path(const std::string& cmd) {
+    const char* path = std::getenv("PATH");
+    std::string p = path ? path : "";
+    size_t pos = 0;
+    while (pos <= p.size()) {
+        size_t c = p.find(':', pos);
+        if (c == std::string::npos) c = p.size();
+        std::string dir = p.substr(pos, c - pos);
+        if (::access((dir + "/" + cmd).c_str(), X_OK) == 0) return true;
+        pos = c + 1;
+    }
+    return false;
+}
+
+int paranoid_level() {
+    std::ifstream f("/proc/sys/kernel/perf_event_paranoid");
+    int v = 2;
+    f >> v;
+    return v;
+}
+
+[[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
+
+constexpr const char* kUsage =
+    "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--trace trace.json]\n"
+    "                      [--summary-json FILE] [--no-analyse] [-q] -- PROGRAM [ARGS...]\n\n"
+    "Records PROGRAM (e.g. python3 script.py, python3 -m module) with perf and analyses it.\n"
+    "  --state         scheduler tracepoints: sleeps, runnable time (default with --gil)\n"
+    "  --gil           take_gil/drop_gil uprobes on the Python that runs (placed as needed)\n"
+    "  --stacks        DWARF user stacks on sched_switch (needed to classify sleeps from stacks)\n"
+    "  -o FILE         the perf.data to write (default perf.data)\n"
+    "  --trace FILE    the Chrome trace to write (default trace.json)\n"
+    "  --no-analyse    only record\n";
+
+}  // namespace
+
+std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
+                                          const std::string& probe_group, const std::vector<std::string>& command) {
+    std::vector<std::string> a = {"perf", "record", "-k", "CLOCK_MONOTONIC", "-o", out};
+    if (state) {
+        a.insert(a.end(), {"-e", stacks ? "sched:sched_switch/call-graph=dwarf/" : "sched:sched_switch", "-e",
+                           "sched:sched_wakeup", "-e", "sched:sched_waking", "-e", "sched:sched_process_fork"});
+    } else if (stacks) {
+        a.insert(a.end(), {"-e", "sched:sched_switch/call-graph=dwarf/"});
+    }
+    if (gil) a.insert(a.end(), {"-e", probe_group + ":*"});
+    a.push_back("--");
+    a.insert(a.end(), command.begin(), command.end());
+    return a;
+}
+
+RecordResult record_main(int argc, char** argv) {
+    RecordResult r;
+    r.data_file = "perf.data";
+    r.trace = "trace.json";
+    bool gil = false, state = false, stacks = false, analyse = true;
+    std::vector<std::string> command;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) fail(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--") {
+            for (++i; i < argc; ++i) command.emplace_back(argv[i]);
+            break;
+        } else if (a == "-o") {
+            r.data_file = value();
+        } else if (a == "--trace") {
+            r.trace = value();
+        } else if (a == "--summary-json") {
+            r.summary_json = value();
+        } else if (a == "--gil") {
+            gil = true;
+        } else if (a == "--state") {
+            state = true;
+        } else if (a == "--stacks") {
+            stacks = true;
+        } else if (a == "--no-analyse") {
+            analyse = false;
+        } else if (a == "-q") {
+            r.quiet = true;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        } else if (!a.empty() && a[0] != '-') {
+            for (; i < argc; ++i) command.emplace_back(argv[i]);  // the program starts here
+            break;
+        } else {
+            fail("unknown option " + a + " (put the program after --)");
+        }
+    }
+    if (command.empty()) fail("no program to record: gilscan record -- python3 script.py");
+    if (!gil && !state) gil = state = true;
+
+    // The problems users hit, one sentence each with the fix.
+    if (!on_path("perf")) fail("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)");
+    if (::geteuid() != 0 && paranoid_level() > -1)
+        fail("recording scheduler tracepoints and uprobes needs root or kernel.perf_event_paranoid=-1 (now " +
+             std::to_string(paranoid_level()) + "): run as root, or sysctl kernel.perf_event_paranoid=-1");
+    std::string tracefs;
+    try {
+        tracefs = tracefs_dir(true);
+    } catch (const Error& e) {
+        fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
+    }
+    std::string group;
+    if (gil) {
+        std::string python;
+        try {
+            python = resolve_python_binary(command[0]);
+        } catch (const Error& e) {
+            fail("no Python found to place GIL probes on (" + std::string(e.what()) +
+                 "); run a Python: gilscan record -- python3 script.py, or record without --gil");
+        }
+        ProbePlan plan = plan_probes(python);
+        install_probes(plan, tracefs);
+        group = plan.group;
+        if (!r.quiet) {
+            std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), group.c_str());
+            for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
+        }
+    }
+    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
+    std::vector<char*> cargs;
+    for (auto& s : args) cargs.push_back(s.data());
+    cargs.push_back(nullptr);
+
+    pid_t pid = ::fork();
+    if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+        ::execvp("perf", cargs.data());
+        std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
+        ::_exit(127);
+    }
+    g_child = pid;
+    struct sigaction sa {};
+    sa.sa_handler = forward_signal;
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    g_child = 0;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::error_code ec;
+    r.analyse = analyse && std::filesystem::file_size(r.data_file, ec) > 0 && !ec;
+    if (!r.analyse && analyse)
+        fail("perf record wrote no recording (exit status " + std::to_string(r.status) + "); see perf's message above");
+    return r;
+}
+
+}  // namespace gilscan
