@@ -1,0 +1,140 @@
+// The GIL locator on the real Pythons of this machine kind: pyenv 3.6-3.13
+// (libpython with symbols: the disassembly path must find what the symbols
+// say) and Debian's stripped /usr/bin/python3.11 (checked against objdump,
+// a second disassembler).
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <unistd.h>
+
+#include "gilscan/gil_locator.h"
+#include "gilscan/probe.h"
+
+using namespace gilscan;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> pyenv_libpythons() {
+    std::vector<std::string> out;
+    for (const char* v : {"3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"}) {
+        fs::path lib = fs::path("/root/.pyenv/versions") / v / "lib";
+        for (const auto& e : fs::directory_iterator(lib))
+            if (e.path().filename().string().rfind("libpython3", 0) == 0 &&
+                e.path().filename().string().find(".so.1.0") != std::string::npos)
+                out.push_back(e.path().string());
+    }
+    return out;
+}
+
+std::string run(const std::string& cmd) {
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("pyenv 3.6-3.13: symbols, and the same answer without them") {
+    auto libs = pyenv_libpythons();
+    REQUIRE_MESSAGE(libs.size() == 8, "this machine kind ships pyenv 3.6-3.13 in /root/.pyenv/versions");
+    for (const auto& lib : libs) {
+        CAPTURE(lib);
+        ElfFile elf(lib);
+        GilLocation sym = locate_gil(elf);
+        REQUIRE(sym.from_symbols);
+        REQUIRE_FALSE(sym.take.empty());
+        REQUIRE_FALSE(sym.drop.empty());
+        CHECK(symbol_base_name(sym.take[0].name) == "take_gil");
+        // FDE extents agree with the symbol sizes.
+        auto r = fde_range(elf, sym.take[0].vaddr);
+        REQUIRE(r);
+        CHECK(r->first == sym.take[0].vaddr);
+        CHECK(r->second - r->first == sym.take[0].size);
+
+        GilLocation dis = locate_gil(elf, {false});
+        CHECK_FALSE(dis.from_symbols);
+        REQUIRE_FALSE(dis.take.empty());
+        bool take_matches = false;
+        for (const auto& f : sym.take) take_matches |= f.vaddr == dis.take[0].vaddr;
+        CHECK(take_matches);
+        REQUIRE_FALSE(dis.drop.empty());
+        CHECK(dis.drop[0].vaddr == sym.drop[0].vaddr);
+    }
+}
+
+TEST_CASE("Debian's stripped python3.11: take_gil is the call target in PyEval_RestoreThread") {
+    const std::string bin = "/usr/bin/python3.11";
+    REQUIRE_MESSAGE(fs::exists(bin), "this machine kind ships Debian's python3.11");
+    ElfFile elf(bin);
+    CHECK_FALSE(elf.has_symtab());
+    GilLocation loc = locate_gil(elf);
+    REQUIRE(loc.take.size() >= 1);
+    CHECK(loc.non_pie);
+    // objdump's view of PyEval_RestoreThread: its first direct call.
+    const ElfSymbol* rt = elf.find_symbol("PyEval_RestoreThread");
+    REQUIRE(rt);
+    char range[128];
+    std::snprintf(range, sizeof range, "--start-address=0x%llx --stop-address=0x%llx",
+                  static_cast<unsigned long long>(rt->value), static_cast<unsigned long long>(rt->value + rt->size));
+    std::string dis = run("objdump -d --no-show-raw-insn " + std::string(range) + " " + bin);
+    std::smatch m;
+    REQUIRE(std::regex_search(dis, m, std::regex(R"(call\s+([0-9a-f]+))")));
+    CHECK(loc.take[0].vaddr == std::stoull(m[1].str(), nullptr, 16));
+    // The uprobe offset is a FILE offset: objdump -F says where that code is in the file.
+    ProbePlan plan = plan_probes(bin);
+    REQUIRE(plan.probes.size() >= 2);
+    std::snprintf(range, sizeof range, "--start-address=0x%llx --stop-address=0x%llx",
+                  static_cast<unsigned long long>(loc.take[0].vaddr),
+                  static_cast<unsigned long long>(loc.take[0].vaddr + 1));
+    std::string f = run("objdump -d -F " + std::string(range) + " " + bin);
+    REQUIRE(std::regex_search(f, m, std::regex(R"(File Offset: 0x([0-9a-f]+))")));
+    CHECK(plan.probes[0].offset == std::stoull(m[1].str(), nullptr, 16));
+    CHECK(plan.probes[0].offset != loc.take[0].vaddr);  // non-PIE: offset and address differ
+    CHECK(plan.probes[0].line().rfind("p:gil_python3_11/take_gil /usr/bin/python3.11:0x", 0) == 0);
+    CHECK(plan.probes[1].line().rfind("r:gil_python3_11/take_gil__return ", 0) == 0);
+    // drop_gil: a real function for some callers, inlined into PyEval_SaveThread.
+    bool inlined_note = false;
+    for (const auto& n : loc.notes) inlined_note |= n.find("inlined into PyEval_SaveThread") != std::string::npos;
+    CHECK(inlined_note);
+}
+
+TEST_CASE("python resolution: the pyenv shim (bash that execs) leads to its libpython") {
+    REQUIRE(fs::exists("/root/.pyenv/shims/python3"));
+    std::string bin = resolve_python_binary("/root/.pyenv/shims/python3");
+    CHECK(bin.find("libpython3") != std::string::npos);
+    CHECK(resolve_python_binary("/usr/bin/python3.11") == "/usr/bin/python3.11");
+    CHECK(default_probe_group("/x/libpython3.11.so.1.0") == "gil_libpython3_11");
+    CHECK_THROWS_AS(resolve_python_binary("/bin/sh"), Error);
+    CHECK_THROWS_AS(resolve_python_binary("no-such-python-here"), Error);
+}
+
+TEST_CASE("not a CPython: a clear note, no guess") {
+    ElfFile elf("/bin/ls");
+    GilLocation loc = locate_gil(elf);
+    CHECK(loc.take.empty());
+    REQUIRE_FALSE(loc.notes.empty());
+    CHECK_THROWS_AS(plan_probes("/bin/ls"), Error);
+    CHECK_THROWS_AS(ElfFile("/etc/hostname"), Error);
+}
+
+TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
+    std::string tracefs;
+    REQUIRE_NOTHROW(tracefs = tracefs_dir(true));  // tests run as root on this machine kind
+    std::string group = "gil_test_" + std::to_string(::getpid());
+    ProbePlan plan = plan_probes("/usr/bin/python3.11", group);
+    auto written = install_probes(plan, tracefs);
+    CHECK(written.size() == plan.probes.size());
+    CHECK(install_probes(plan, tracefs).empty());  // already there
+    std::string events = run("cat " + tracefs + "/uprobe_events");
+    CHECK(events.find(group + "/take_gil ") != std::string::npos);
+    CHECK(remove_probes(group, tracefs) == plan.probes.size());
+    events = run("cat " + tracefs + "/uprobe_events");
+    CHECK(events.find(group + "/") == std::string::npos);
+}

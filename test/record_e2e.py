@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""gilscan record end to end on every Python of this machine kind (needs root
+and perf): probes are placed by gilscan itself, the workload runs under perf,
+and the analysis must show GIL wait and hold for the contending threads with
+no anomalies. Also the errors users hit, one clear sentence each.
+
+usage: record_e2e.py GILSCAN WORKLOAD
+Prints "N passed, N failed".
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GILSCAN, WORKLOAD = sys.argv[1], sys.argv[2]
+PYTHONS = [f"/root/.pyenv/versions/{v}/bin/python3" for v in
+           ("3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")]
+PYTHONS += ["/usr/bin/python3.11", "/root/.pyenv/shims/python3"]
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what, flush=True)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    data, trace, summ = (os.path.join(tmp, n) for n in ("r.data", "t.json", "s.json"))
+    for py in PYTHONS:
+        if not os.path.exists(py):
+            check(False, f"{py} missing on this machine")
+            continue
+        r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", trace, "--summary-json", summ,
+                            "--", py, WORKLOAD, "0.1"], capture_output=True, text=True)
+        check(r.returncode == 0, f"{py}: record exits with the program's status 0 ({r.returncode}: {r.stderr[-500:]})")
+        if r.returncode != 0:
+            continue
+        s = json.load(open(summ))
+        g = s["gil"]
+        check(g["uprobes"] and g["probe_events"] > 50, f"{py}: GIL uprobes fired ({g['probe_events']})")
+        a = g["anomalies"]
+        check(a["take_without_return"] == a["return_without_take"] == a["drop_without_take"] ==
+              a["overlapping_holders"] == 0, f"{py}: no GIL anomalies ({a})")
+        if "pyenv/versions" in py:
+            check(a["implicit_drops"] == 0, f"{py}: every drop probed ({a['implicit_drops']} implicit)")
+        workers = [t for t in s["threads"] if t["gil_wait_us"] and not t["main_thread"]]
+        check(len(workers) >= 3, f"{py}: 3+ threads wait for the GIL ({len(workers)})")
+        check(sum(1 for t in workers if t["gil_hold_us"] > 1000) >= 2, f"{py}: 2+ threads hold the GIL")
+        check(any(t["gil_sleep_count"] for t in s["threads"]), f"{py}: S(GIL) sleeps labelled from the probes")
+        names = {e["name"] for e in json.load(open(trace))["traceEvents"]}
+        check({"LOCK", "GIL wait", "S(GIL)"} <= names, f"{py}: GIL spans in the trace")
+
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--gil", "--", "/bin/true"], capture_output=True, text=True)
+    check(r.returncode != 0 and "no Python found" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+          f"a non-Python program with --gil: one sentence ({r.stderr!r})")
+    r = subprocess.run([GILSCAN, "record"], capture_output=True, text=True)
+    check(r.returncode != 0 and "no program to record" in r.stderr, "no program")
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--state", "--", "/bin/sh", "-c", "exit 5"],
+                       capture_output=True, text=True)
+    check(r.returncode == 5, f"the program's exit status is gilscan's ({r.returncode})")
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--", "/bin/true"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": "/nonexistent"})
+    check(r.returncode != 0 and "perf is not installed" in r.stderr, f"perf missing ({r.stderr!r})")
+
+print(f"record e2e: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
