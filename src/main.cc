@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::strcmp(argv[1], "probe") == 0) {
         try {
             return gilscan::probe_main(argc, argv);
-        } catch (const gilscan::Error& e) {
+        } catch (const std::exception& e) {
             std::fprintf(stderr, "gilscan: error: %s\n", e.what());
             return 1;
         }
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
             int rc = run(opt);
             if (!r.quiet && !opt.output.empty()) std::fprintf(stderr, "gilscan: wrote %s\n", opt.output.c_str());
             return rc != 0 ? rc : r.status;
-        } catch (const gilscan::Error& e) {
+        } catch (const std::exception& e) {
             std::fprintf(stderr, "gilscan: error: %s\n", e.what());
             return 1;
         }

@@ -148,11 +148,14 @@ ProbePlan plan_probes(const std::string& binary, const std::string& group) {
 }
 
 std::string tracefs_dir(bool mount_if_needed) {
+    std::error_code ec;  // a non-root user may not even stat these
     for (const char* d : {"/sys/kernel/tracing", "/sys/kernel/debug/tracing"})
-        if (fs::exists(std::string(d) + "/uprobe_events")) return d;
+        if (fs::exists(std::string(d) + "/uprobe_events", ec)) return d;
+    if (::geteuid() != 0 && (fs::exists("/sys/kernel/tracing", ec) || ec))
+        throw Error("tracefs", Error::no_offset, "not accessible to this user: run as root (uprobes need root)");
     if (mount_if_needed && ::geteuid() == 0) {
         if (::mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nullptr) == 0 &&
-            fs::exists("/sys/kernel/tracing/uprobe_events"))
+            fs::exists("/sys/kernel/tracing/uprobe_events", ec))
             return "/sys/kernel/tracing";
     }
     throw Error("tracefs", Error::no_offset,

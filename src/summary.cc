@@ -91,7 +91,7 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
     std::fprintf(out, "%9s %8s  %-16s %10s %8s %9s %7s %7s %6s %6s", "PID", "TID", "comm", "total(ms)", "run%",
                  "runnable%", "sleep%", "sleeps", "D%", "?%");
     if (fs.gil_sleep_known) std::fprintf(out, " %11s", "S(GIL)%");
-    if (gil_wait) std::fprintf(out, " %8s %8s %9s", "no-GIL%", "GIL%", "GIL-wait%");
+    if (gil_wait) std::fprintf(out, " %8s %8s %9s %9s %9s", "no-GIL%", "GIL%", "GIL-wait%", "GIL(ms)", "wait(ms)");
     std::fprintf(out, "\n");
     size_t hidden = 0;
     for (const auto& t : fs.threads) {
@@ -109,10 +109,11 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
         if (fs.gil_sleep_known) std::fprintf(out, " %11.1f", pct(t.gil_sleep_ns.value_or(0), span));
         if (gil_wait) {
             if (t.gil_wait_ns)
-                std::fprintf(out, " %8.1f %8.1f %9.1f", pct(t.no_gil_ns.value_or(0), span),
-                             pct(t.gil_hold_ns.value_or(0), span), pct(*t.gil_wait_ns, span));
+                std::fprintf(out, " %8.1f %8.1f %9.1f %9.1f %9.1f", pct(t.no_gil_ns.value_or(0), span),
+                             pct(t.gil_hold_ns.value_or(0), span), pct(*t.gil_wait_ns, span),
+                             ms(t.gil_hold_ns.value_or(0)), ms(*t.gil_wait_ns));
             else
-                std::fprintf(out, " %8s %8s %9s", "-", "-", "-");
+                std::fprintf(out, " %8s %8s %9s %9s %9s", "-", "-", "-", "-", "-");
         }
         std::fprintf(out, "\n");
     }

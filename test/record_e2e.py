@@ -67,5 +67,25 @@ with tempfile.TemporaryDirectory() as tmp:
                        env={**os.environ, "PATH": "/nonexistent"})
     check(r.returncode != 0 and "perf is not installed" in r.stderr, f"perf missing ({r.stderr!r})")
 
+    # python -m: the interpreter is the first word
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", trace, "--", "/root/.pyenv/versions/3.12.1/bin/python3",
+                        "-m", "timeit", "-n", "20", "sum(range(10000))"], capture_output=True, text=True)
+    check(r.returncode == 0 and "GIL load of process" in r.stdout, f"record -- python3 -m module ({r.stderr[-300:]})")
+    check("GIL(ms)" in r.stdout and "no-GIL%" in r.stdout, "table with per4m's columns and absolute figures")
+    # Not root: one sentence with the fix (setpriv drops to nobody)
+    if subprocess.run(["which", "setpriv"], capture_output=True).returncode == 0:
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        r = subprocess.run(nobody + [GILSCAN, "probe", "/usr/bin/python3.11"], capture_output=True, text=True)
+        check(r.returncode != 0 and "root" in r.stderr and r.stderr.startswith("gilscan: error:"),
+              f"probe without root ({r.stderr!r})")
+        r = subprocess.run(nobody + [GILSCAN, "probe", "--print", "/usr/bin/python3.11"], capture_output=True, text=True)
+        check(r.returncode == 0 and "uprobe_events" in r.stdout, "probe --print works without root")
+        r = subprocess.run(nobody + [GILSCAN, "record", "-o", "/tmp/x.data", "--", "/usr/bin/python3.11", "-c", "1"],
+                           capture_output=True, text=True)
+        check(r.returncode != 0 and ("perf_event_paranoid" in r.stderr or "root" in r.stderr),
+              f"record without root ({r.stderr!r})")
+    else:
+        check(False, "setpriv (util-linux) missing")
+
 print(f"record e2e: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
