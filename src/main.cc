@@ -16,6 +16,9 @@
 
 #include "gilscan/error.h"
 #include "gilscan/gil_probes.h"
+#include "gilscan/gil_stacks.h"
+#include "gilscan/modules.h"
+#include "gilscan/process_maps.h"
 #include "gilscan/output_file.h"
 #include "gilscan/probe.h"
 #include "gilscan/record_cmd.h"
@@ -39,6 +42,12 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
       --no-runnable        leave runnable spans ("R+") out of the trace
       --no-sleeping        leave sleep spans out of the trace
       --pid PID[,PID...]   only these processes (trace and summary)
+      --gil-evidence auto|stacks|probes
+                           what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
+                           the DWARF-unwound stack of the switch-out (auto: uprobes
+                           when the recording has them, else stacks)
+      --symfs DIR          look for the recorded binaries under DIR first (and in a
+                           perf build-id cache there)
       --all-threads        table: every thread, also of processes without GIL
                            events when the recording has GIL uprobes
   -q, --quiet              no summary table on stdout
@@ -57,6 +66,8 @@ struct Options {
     bool running = false, runnable = true, sleeping = true, quiet = false;
     bool progress = false;
     bool all_threads = false;
+    std::string gil_evidence = "auto";
+    std::string symfs;
     std::unordered_set<int32_t> pids;
 };
 
@@ -104,6 +115,12 @@ Options parse_args(int argc, char** argv) {
                 o.pids.insert(static_cast<int32_t>(v));
                 pos = comma + 1;
             }
+        } else if (a == "--gil-evidence") {
+            o.gil_evidence = value("--gil-evidence");
+            if (o.gil_evidence != "auto" && o.gil_evidence != "stacks" && o.gil_evidence != "probes")
+                usage_error("--gil-evidence takes auto, stacks or probes");
+        } else if (a == "--symfs") {
+            o.symfs = value("--symfs");
         } else if (a == "--all-threads") {
             o.all_threads = true;
         } else if (a == "-q" || a == "--quiet") {
@@ -135,12 +152,38 @@ int run(const Options& opt) {
         trace = std::make_unique<gilscan::TraceWriter>(
             *trace_out, gilscan::TraceOptions{opt.running, opt.runnable, opt.sleeping, opt.pids});
 
-    // 3-7. Tracepoint decoding and per-thread state machines: GIL uprobes
-    // first, so a switch-out sees whether its thread is inside take_gil.
+    // 3-7. Process maps, binaries and unwinding, GIL uprobes, then the
+    // per-thread state machines. The GIL tracker sees each event before the
+    // timeline, so a switch-out knows whether its thread is inside take_gil.
+    gilscan::ProcessMaps maps;
+    gilscan::ModuleOptions mopt;
+    mopt.symfs = opt.symfs;
+    for (const auto& b : session.features().build_ids) {
+        static const char* hex = "0123456789abcdef";
+        std::string id;
+        for (uint8_t c : b.build_id) {
+            id += hex[c >> 4];
+            id += hex[c & 15];
+        }
+        mopt.build_ids[b.filename] = id;
+    }
+    gilscan::ModuleCache modules(mopt);
+    gilscan::GilStackClassifier stacks(maps, modules);
     gilscan::GilTracker gil(trace.get());
     gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
-    timeline.set_classifier(gilscan::gil_probe_classifier(gil));
-    gilscan::FanOut stages({&gil, &timeline});
+    auto by_probes = gilscan::gil_probe_classifier(gil);
+    std::string evidence_used;
+    timeline.set_classifier([&](const gilscan::Sample& s, const gilscan::EventInfo& ev, const gilscan::PrevState& ps) {
+        const bool probes = opt.gil_evidence == "probes" || (opt.gil_evidence == "auto" && gil.seen_probes());
+        if (probes) {
+            if (gil.seen_probes()) evidence_used = "uprobes";
+            return by_probes(s, ev, ps);
+        }
+        if (s.regs_user_abi == 0 || s.stack_user.empty()) return gilscan::SleepLabel{};
+        evidence_used = "stacks";
+        return stacks.classify(s, ev, ps);
+    });
+    gilscan::FanOut stages({&maps, &gil, &timeline});
     if (opt.progress) {
         session.set_progress([&opt](uint64_t done, uint64_t total) {
             std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", opt.input.c_str(),
@@ -156,9 +199,15 @@ int run(const Options& opt) {
     // 8. Outputs.
     const auto threads = timeline.threads();
     gilscan::FileSummary summary = gilscan::build_summary(session, threads, opt.pids, &gil);
-    if (gil.seen_probes() && timeline.sched_events() > 0) {
+    summary.stack_stats = stacks.stats();
+    for (const auto& p : modules.problems()) summary.warnings.push_back("cannot unwind through " + p);
+    if (stacks.stats().stopped_early + stacks.stats().failed)
+        summary.warnings.push_back(std::to_string(stacks.stats().stopped_early + stacks.stats().failed) + " of " +
+                                   std::to_string(stacks.stats().sleeps_seen) +
+                                   " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
+    if (!evidence_used.empty() && timeline.sched_events() > 0) {
         summary.gil_sleep_known = true;
-        summary.gil_sleep_source = "uprobes";
+        summary.gil_sleep_source = evidence_used;
         for (auto& t : summary.threads) {
             t.gil_sleep_ns = t.st.gil_sleep_ns;
             t.gil_sleep_count = t.st.gil_sleep_count;

@@ -128,6 +128,16 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
                      "up to %u threads waiting\n",
                      p.pid, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
     }
+    if (fs.gil_sleep_known)
+        std::fprintf(out, "S(GIL)%% = sleeping inside take_gil, from %s", fs.gil_sleep_source.c_str());
+    if (fs.gil_sleep_known && fs.gil_sleep_source == "stacks")
+        std::fprintf(out, ": %llu sleep stacks unwound to a CPython frame, %llu not (stopped early %llu, failed %llu)",
+                     static_cast<unsigned long long>(fs.stack_stats.decided),
+                     static_cast<unsigned long long>(fs.stack_stats.stopped_early + fs.stack_stats.failed +
+                                                     fs.stack_stats.complete),
+                     static_cast<unsigned long long>(fs.stack_stats.stopped_early),
+                     static_cast<unsigned long long>(fs.stack_stats.failed));
+    if (fs.gil_sleep_known) std::fprintf(out, "\n");
     if (fs.gil_anomalies.total())
         std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
                           "%llu overlapping holders\n",
@@ -215,6 +225,10 @@ nlohmann::json summary_json(const FileSummary& fs) {
                       {"overlapping_holders", fs.gil_anomalies.overlapping_holders},
                       {"implicit_drops", fs.gil_anomalies.implicit_drops}};
     j["gil"] = g;
+    const StackStats& st = fs.stack_stats;
+    j["stacks"] = {{"sleeps_seen", st.sleeps_seen}, {"not_python", st.not_python}, {"no_stack", st.no_stack},
+                   {"decided", st.decided}, {"complete", st.complete}, {"stopped_early", st.stopped_early},
+                   {"failed", st.failed}, {"gil", st.gil}, {"handoff", st.handoff}};
     return j;
 }
 

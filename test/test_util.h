@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "gilscan/gil_probes.h"
+#include "gilscan/gil_stacks.h"
+#include "gilscan/modules.h"
+#include "gilscan/process_maps.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 #include "perf_writer.h"
@@ -104,6 +107,33 @@ inline Analysis analyse(const std::string& path) {
     a.gil = gil.threads();
     a.gil_anomalies = gil.anomalies();
     a.stats = s.stats();
+    return a;
+}
+
+// The same pipeline as `gilscan --gil-evidence stacks`: sleeps labelled from
+// DWARF-unwound stacks.
+struct StackAnalysis : Analysis {
+    StackStats stack_stats;
+    std::vector<std::string> module_problems;
+};
+
+inline StackAnalysis analyse_with_stacks(const std::string& path, const std::string& symfs = "") {
+    StackAnalysis a;
+    Session s(path);
+    ProcessMaps maps;
+    ModuleOptions mo;
+    mo.symfs = symfs;
+    ModuleCache modules(mo);
+    GilStackClassifier gsc(maps, modules);
+    Timeline tl(s, a.spans);
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps) { return gsc.classify(smp, ev, ps); });
+    FanOut stages({&maps, &tl});
+    s.run(stages);
+    tl.finish(s.stats().last_time);
+    a.threads = tl.threads();
+    a.stats = s.stats();
+    a.stack_stats = gsc.stats();
+    a.module_problems = modules.problems();
     return a;
 }
 

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gilscan/gil_probes.h"
+#include "gilscan/gil_stacks.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 
@@ -48,6 +49,7 @@ struct FileSummary {
     uint64_t gil_probe_events = 0;
     std::vector<GilProcessStats> gil_processes;
     GilAnomalies gil_anomalies;
+    StackStats stack_stats;
 };
 
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,

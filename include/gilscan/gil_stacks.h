@@ -1,0 +1,56 @@
+// Stage: classify each sleep from its unwound user stack — S(GIL) when the
+// thread sleeps inside take_gil, S(GIL handoff) inside drop_gil (the
+// FORCE_SWITCHING wait on switch_cond), S otherwise.
+//
+//   ProcessMaps maps; ModuleCache mods(opts); GilStackClassifier gsc(maps, mods);
+//   timeline.set_classifier([&](auto& s, auto& ev, auto& ps) { return gsc.classify(s, ev, ps); });
+//   gsc.stats().decided, gsc.stats().failed ...
+//
+// Only switch-outs into S of a thread whose process maps a CPython are
+// unwound, and only until the first frame in CPython: a GIL waiter's stack is
+// glibc's wait frames, then take_gil (or the exported caller it is inlined
+// into), so the first CPython frame decides. Frames are matched by address
+// against the extents of take_gil / drop_gil in that module (symbols, clones
+// and .cold parts, or the disassembly locator on stripped builds), not by
+// name, so a stripped Debian python3 classifies like a pyenv one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "gilscan/modules.h"
+#include "gilscan/process_maps.h"
+#include "gilscan/sched_events.h"
+#include "gilscan/timeline.h"
+#include "gilscan/unwind.h"
+
+namespace gilscan {
+
+struct StackStats {
+    uint64_t sleeps_seen = 0;     // switch-outs into S
+    uint64_t not_python = 0;      // the process maps no CPython: not unwound
+    uint64_t no_stack = 0;        // the sample carries no user regs/stack
+    uint64_t decided = 0;         // reached a CPython frame: answer known
+    uint64_t complete = 0;        // walked the whole stack without a CPython frame
+    uint64_t stopped_early = 0;   // unwinding stopped before a CPython frame
+    uint64_t failed = 0;          // no frame beyond the first
+    uint64_t gil = 0, handoff = 0;
+};
+
+class GilStackClassifier {
+public:
+    GilStackClassifier(const ProcessMaps& maps, ModuleCache& modules);
+    SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
+    const StackStats& stats() const { return stats_; }
+
+private:
+    bool maps_python(const AddressSpace& as);
+    const ProcessMaps& maps_;
+    ModuleCache& modules_;
+    DwarfUnwinder unwinder_;
+    std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
+    StackStats stats_;
+};
+
+}  // namespace gilscan

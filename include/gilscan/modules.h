@@ -1,0 +1,70 @@
+// Stage: the binaries behind mappings, cached by build-id, with their GIL
+// function extents.
+//
+//   ModuleCache mods({.symfs = "", .expected_build_ids = from_header});
+//   const Module* m = mods.get(mapping);   // nullptr: missing or changed binary
+//   m->in_take_gil(pc - m->bias_for(mapping))
+//   mods.problems()                         // once per module: "not found", "build-id mismatch"
+//
+// A binary is looked for at the recorded path (under --symfs first), in
+// perf's build-id cache (~/.debug/<path>/<build-id>/elf and
+// ~/.debug/.build-id/xx/rest/elf) and under /usr/lib/debug/.build-id. When
+// the recording names a build-id (MMAP2's build-id form or the
+// HEADER_BUILD_ID feature), a file with another build-id is refused rather
+// than guessed from.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gilscan/elf_file.h"
+#include "gilscan/gil_locator.h"
+#include "gilscan/process_maps.h"
+
+namespace gilscan {
+
+struct AddrRange {
+    uint64_t begin = 0, end = 0;  // link-time virtual addresses
+    std::string name;
+};
+
+struct Module {
+    std::string path;       // as recorded
+    std::string file;       // where it was found
+    std::string build_id;
+    std::unique_ptr<ElfFile> elf;
+    bool python = false;    // exports the CPython GIL callers
+    std::vector<AddrRange> take, drop;  // take_gil / drop_gil extents (clones, .cold parts, inlined copies)
+    std::string problem;    // why it cannot be used ("" if fine)
+
+    // Load bias for one mapping of this module (runtime = vaddr + bias).
+    std::optional<uint64_t> bias_for(const Mapping& m) const;
+    const AddrRange* in_take(uint64_t vaddr) const;
+    const AddrRange* in_drop(uint64_t vaddr) const;
+};
+
+struct ModuleOptions {
+    std::string symfs;                                   // root to look for recorded paths under
+    std::map<std::string, std::string> build_ids;        // path -> hex build-id from the header
+    std::string home_debug = "";                         // perf's cache (default ~/.debug)
+};
+
+class ModuleCache {
+public:
+    explicit ModuleCache(ModuleOptions opt);
+    // The module for a mapping, or nullptr (problem recorded once per path).
+    const Module* get(const Mapping& m);
+    const std::vector<std::string>& problems() const { return problems_; }
+
+private:
+    std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
+    ModuleOptions opt_;
+    std::map<std::string, std::unique_ptr<Module>> by_key_;  // build-id, else path
+    std::vector<std::string> problems_;
+};
+
+}  // namespace gilscan

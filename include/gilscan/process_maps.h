@@ -1,0 +1,55 @@
+// Stage: process address spaces from MMAP/MMAP2/COMM(exec)/FORK records, in
+// time order, so a sample's user addresses can be tied to the file mapped
+// there at that moment.
+//
+//   ProcessMaps maps;                 // an EventSink: put it before the unwinder
+//   const AddressSpace* as = maps.space(sample.pid);
+//   const Mapping* m = as ? as->find(ip) : nullptr;
+//
+// Threads share their process's space. exec (COMM with PERF_RECORD_MISC_COMM_EXEC)
+// starts an empty space: a Python started through the pyenv shim (bash that
+// execs) must not be unwound with bash's maps. fork copies the parent's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "gilscan/session.h"
+
+namespace gilscan {
+
+struct Mapping {
+    uint64_t start = 0, end = 0, pgoff = 0;
+    std::string path;
+    std::string build_id;  // hex, from MMAP2's build-id form when recorded
+    uint64_t ino = 0;
+    bool exec = true;
+};
+
+struct AddressSpace {
+    int32_t pid = -1;
+    uint64_t id = 0;       // unique per space (a new one at every exec)
+    uint64_t version = 0;  // bumped whenever a mapping is added
+    std::map<uint64_t, Mapping> maps;  // by start
+    const Mapping* find(uint64_t addr) const;
+};
+
+class ProcessMaps : public EventSink {
+public:
+    void on_mmap(const MmapEvent& e) override;
+    void on_comm(const CommEvent& e) override;
+    void on_fork(const TaskEvent& e) override;
+
+    const AddressSpace* space(int32_t pid) const;
+    size_t spaces() const { return spaces_.size(); }
+
+private:
+    AddressSpace& fresh(int32_t pid);
+    std::unordered_map<int32_t, std::shared_ptr<AddressSpace>> spaces_;
+    uint64_t next_id_ = 1;
+};
+
+}  // namespace gilscan

@@ -1,0 +1,70 @@
+// Stage: DWARF unwinding of a sample's user stack (REGS_USER + STACK_USER)
+// with elfutils libdw.
+//
+//   DwarfUnwinder uw(modules);
+//   UnwindStatus st = uw.unwind(space, sample, [&](const Frame& f) {
+//       return f.module && f.module->in_take(f.vaddr) ? FrameAction::Stop : FrameAction::Continue;
+//   });
+//
+// One long-lived Dwfl per address space (never one per sample: that is the
+// classic 10x slowness); modules mapped later are added to it with
+// dwfl_report_begin_add. libdw reads .eh_frame (and .debug_frame from
+// separate debuginfo when it finds it) from the files; memory reads come
+// from the sample's stack copy (only its dyn_size valid bytes) or, outside
+// it, from the mapped file.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "gilscan/modules.h"
+#include "gilscan/process_maps.h"
+#include "gilscan/sample.h"
+
+namespace gilscan {
+
+struct Frame {
+    uint64_t pc = 0;        // runtime address (return addresses already moved back into the call)
+    uint64_t vaddr = 0;     // the module's link-time address of pc
+    const Module* module = nullptr;
+    const Mapping* mapping = nullptr;
+    unsigned depth = 0;
+};
+
+enum class FrameAction { Continue, Stop };
+
+enum class UnwindStatus {
+    Stopped,      // the callback had its answer
+    Complete,     // walked to the outermost frame
+    StoppedEarly, // an error after some frames
+    Failed,       // no usable registers/stack, or no frame beyond the first
+};
+
+class DwarfUnwinder {
+public:
+    explicit DwarfUnwinder(ModuleCache& modules);
+    ~DwarfUnwinder();
+    DwarfUnwinder(const DwarfUnwinder&) = delete;
+    DwarfUnwinder& operator=(const DwarfUnwinder&) = delete;
+
+    UnwindStatus unwind(const AddressSpace& as, const Sample& s, const std::function<FrameAction(const Frame&)>& cb,
+                        unsigned max_frames = 64);
+    size_t dwfl_count() const { return spaces_.size(); }
+
+    // Callback plumbing (libdw's C callbacks reach the current sample here).
+    struct Current;
+
+private:
+    struct Space;
+    Space* space_for(const AddressSpace& as);
+    ModuleCache& modules_;
+    std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
+};
+
+// x86-64: perf_event_x86_regs index -> DWARF register number (-1: none).
+int perf_reg_to_dwarf(unsigned perf_reg);
+
+}  // namespace gilscan

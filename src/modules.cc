@@ -1,0 +1,125 @@
+#include "gilscan/modules.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace gilscan {
+
+namespace fs = std::filesystem;
+
+std::optional<uint64_t> Module::bias_for(const Mapping& m) const {
+    if (!elf) return std::nullopt;
+    // The PT_LOAD whose file range holds pgoff; `start - pgoff` alone is
+    // wrong when a linker lays out p_vaddr != p_offset.
+    for (const auto& s : elf->segments()) {
+        if (s.type != PT_LOAD) continue;
+        uint64_t seg_begin = s.offset & ~uint64_t{0xfff};
+        if (m.pgoff >= seg_begin && m.pgoff < s.offset + std::max<uint64_t>(s.filesz, 1))
+            return m.start - m.pgoff - (s.vaddr - s.offset);
+    }
+    return std::nullopt;
+}
+
+const AddrRange* Module::in_take(uint64_t v) const {
+    for (const auto& r : take)
+        if (v >= r.begin && v < r.end) return &r;
+    return nullptr;
+}
+
+const AddrRange* Module::in_drop(uint64_t v) const {
+    for (const auto& r : drop)
+        if (v >= r.begin && v < r.end) return &r;
+    return nullptr;
+}
+
+ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)) {
+    if (opt_.home_debug.empty()) {
+        const char* home = std::getenv("HOME");
+        opt_.home_debug = std::string(home ? home : "/root") + "/.debug";
+    }
+}
+
+namespace {
+
+void add_ranges(Module& mod) {
+    ElfFile& elf = *mod.elf;
+    // Symbols first: every piece of take_gil / drop_gil, .cold parts included.
+    for (const auto& s : elf.symbols()) {
+        if (s.dynamic || !s.defined || s.type != STT_FUNC || !s.value || !s.size) continue;
+        std::string_view base = symbol_base_name(s.name);
+        if (base == "take_gil") mod.take.push_back({s.value, s.value + s.size, std::string(s.name)});
+        if (base == "drop_gil") mod.drop.push_back({s.value, s.value + s.size, std::string(s.name)});
+    }
+    if (!mod.take.empty()) return;
+    // Stripped: the locator's answer, inlined copies included.
+    GilLocation loc = locate_gil(elf);
+    for (const auto& f : loc.take) mod.take.push_back({f.vaddr, f.vaddr + std::max<uint64_t>(f.size, 1), f.name});
+    for (const auto& f : loc.drop) {
+        // drop_gil inlined into PyEval_SaveThread: that whole function is the drop.
+        mod.drop.push_back({f.vaddr, f.vaddr + std::max<uint64_t>(f.size, 1), f.name});
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Module> ModuleCache::load(const Mapping& m, const std::string& want_id) {
+    auto mod = std::make_unique<Module>();
+    mod->path = m.path;
+    std::vector<std::string> candidates;
+    if (!opt_.symfs.empty()) candidates.push_back(opt_.symfs + m.path);
+    candidates.push_back(m.path);
+    if (!want_id.empty()) {
+        candidates.push_back(opt_.home_debug + m.path + "/" + want_id + "/elf");
+        candidates.push_back(opt_.home_debug + "/.build-id/" + want_id.substr(0, 2) + "/" + want_id.substr(2) + "/elf");
+        if (!opt_.symfs.empty())
+            candidates.push_back(opt_.symfs + "/.build-id/" + want_id.substr(0, 2) + "/" + want_id.substr(2) + "/elf");
+    }
+    std::string mismatch;
+    for (const auto& c : candidates) {
+        std::error_code ec;
+        if (!fs::is_regular_file(c, ec)) continue;
+        try {
+            auto elf = std::make_unique<ElfFile>(c);
+            if (!want_id.empty() && elf->build_id() != want_id) {
+                if (mismatch.empty()) mismatch = c + " has build-id " + elf->build_id();
+                continue;
+            }
+            mod->file = c;
+            mod->build_id = elf->build_id();
+            mod->elf = std::move(elf);
+            break;
+        } catch (const Error&) {
+            continue;
+        }
+    }
+    if (!mod->elf) {
+        mod->problem = mismatch.empty() ? "not found" : "changed since the recording (" + mismatch + ", recorded " + want_id + ")";
+        return mod;
+    }
+    const ElfSymbol* rt = mod->elf->find_symbol("PyEval_RestoreThread");
+    mod->python = rt && rt->dynamic && rt->defined;
+    if (mod->python) add_ranges(*mod);
+    return mod;
+}
+
+const Module* ModuleCache::get(const Mapping& m) {
+    // [vdso], [anon:...], //anon (JIT code: the -X perf trampolines), memfd, SysV shm: no file.
+    if (m.path.empty() || m.path[0] != '/' || m.path.rfind("//", 0) == 0 || m.path.rfind("/memfd:", 0) == 0 ||
+        m.path.rfind("/SYSV", 0) == 0 || m.path.rfind("/dev/", 0) == 0)
+        return nullptr;
+    std::string want = m.build_id;
+    if (want.empty()) {
+        auto it = opt_.build_ids.find(m.path);
+        if (it != opt_.build_ids.end()) want = it->second;
+    }
+    std::string key = want.empty() ? "path:" + m.path : "id:" + want;
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) {
+        auto mod = load(m, want);
+        if (!mod->problem.empty()) problems_.push_back(m.path + ": " + mod->problem);
+        it = by_key_.emplace(key, std::move(mod)).first;
+    }
+    return it->second->elf ? it->second.get() : nullptr;
+}
+
+}  // namespace gilscan

@@ -1,0 +1,214 @@
+#include "gilscan/unwind.h"
+
+#include <bit>
+#include <cstring>
+#include <set>
+
+#include <elfutils/libdwfl.h>
+#include <dwarf.h>
+
+namespace gilscan {
+
+namespace {
+// enum perf_event_x86_regs
+constexpr unsigned PERF_REG_X86_SP = 7;
+constexpr unsigned PERF_REG_X86_IP = 8;
+}  // namespace
+
+int perf_reg_to_dwarf(unsigned r) {
+    // AX BX CX DX SI DI BP SP IP FLAGS CS SS DS ES FS GS R8..R15
+    static const int map[24] = {0, 3, 2, 1, 4, 5, 6, 7, 16, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11, 12, 13, 14, 15};
+    return r < 24 ? map[r] : -1;
+}
+
+struct DwarfUnwinder::Current {
+    const Sample* sample = nullptr;
+    const AddressSpace* as = nullptr;
+    ModuleCache* modules = nullptr;
+    uint64_t sp = 0;
+    Dwarf_Word regs[17] = {};
+    bool have[17] = {};
+};
+
+struct DwarfUnwinder::Space {
+    Dwfl* dwfl = nullptr;
+    bool attached = false;
+    uint64_t reported_version = ~uint64_t{0};
+    std::set<std::string> reported;
+    Current cur;
+    ~Space() {
+        if (dwfl) dwfl_end(dwfl);
+    }
+};
+
+namespace {
+
+char* g_debuginfo_path = nullptr;
+const Dwfl_Callbacks kCallbacks = {
+    dwfl_build_id_find_elf,
+    dwfl_standard_find_debuginfo,
+    dwfl_offline_section_address,
+    &g_debuginfo_path,
+};
+
+pid_t next_thread(Dwfl*, void* arg, void** thread_argp) {
+    auto* cur = static_cast<DwarfUnwinder::Current*>(arg);
+    if (*thread_argp) return 0;
+    *thread_argp = arg;
+    return cur->sample ? cur->sample->tid : 0;
+}
+
+bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_argp) {
+    auto* cur = static_cast<DwarfUnwinder::Current*>(arg);
+    *thread_argp = arg;
+    return cur->sample && cur->sample->tid == tid;
+}
+
+bool read_file_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* out) {
+    const Mapping* m = cur->as->find(addr);
+    if (!m) return false;
+    const Module* mod = cur->modules->get(*m);
+    if (!mod) return false;
+    Bytes file = mod->elf->bytes();
+    uint64_t off = addr - m->start + m->pgoff;
+    if (off > file.size() || file.size() - off < 8) return false;
+    std::memcpy(out, file.data() + off, 8);
+    return true;
+}
+
+bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
+    auto* cur = static_cast<DwarfUnwinder::Current*>(arg);
+    const Bytes& st = cur->sample->stack_user;
+    // The stack copy starts at the user SP; only dyn_size bytes are valid.
+    if (addr >= cur->sp && addr - cur->sp <= st.size() && st.size() - (addr - cur->sp) >= 8) {
+        std::memcpy(result, st.data() + (addr - cur->sp), 8);
+        return true;
+    }
+    return read_file_word(cur, addr, result);
+}
+
+bool set_initial_registers(Dwfl_Thread* thread, void* arg) {
+    auto* cur = static_cast<DwarfUnwinder::Current*>(arg);
+    // Registers 0..16 are contiguous in DWARF numbering on x86-64; pass the
+    // runs we have.
+    int first = -1;
+    for (int r = 0; r <= 17; ++r) {
+        bool have = r < 17 && cur->have[r];
+        if (have && first < 0) first = r;
+        if (!have && first >= 0) {
+            if (!dwfl_thread_state_registers(thread, first, static_cast<unsigned>(r - first), &cur->regs[first]))
+                return false;
+            first = -1;
+        }
+    }
+    if (cur->have[16]) dwfl_thread_state_register_pc(thread, cur->regs[16]);
+    return true;
+}
+
+const Dwfl_Thread_Callbacks kThreadCallbacks = {next_thread, get_thread, memory_read, set_initial_registers,
+                                                nullptr, nullptr};
+
+struct FrameCtx {
+    DwarfUnwinder::Current* cur;
+    const std::function<FrameAction(const Frame&)>* cb;
+    unsigned depth = 0;
+    unsigned max;
+    bool stopped = false;
+};
+
+int frame_cb(Dwfl_Frame* state, void* arg) {
+    auto* ctx = static_cast<FrameCtx*>(arg);
+    Dwarf_Addr pc = 0;
+    bool activation = false;
+    if (!dwfl_frame_pc(state, &pc, &activation)) return DWARF_CB_ABORT;
+    Frame f;
+    // A return address points after the call: look up the call itself.
+    f.pc = activation ? pc : pc - 1;
+    f.depth = ctx->depth++;
+    f.mapping = ctx->cur->as->find(f.pc);
+    if (f.mapping) {
+        f.module = ctx->cur->modules->get(*f.mapping);
+        if (f.module) {
+            auto bias = f.module->bias_for(*f.mapping);
+            if (bias) f.vaddr = f.pc - *bias;
+            else f.module = nullptr;
+        }
+    }
+    if ((*ctx->cb)(f) == FrameAction::Stop) {
+        ctx->stopped = true;
+        return DWARF_CB_ABORT;
+    }
+    return ctx->depth >= ctx->max ? DWARF_CB_ABORT : DWARF_CB_OK;
+}
+
+}  // namespace
+
+DwarfUnwinder::DwarfUnwinder(ModuleCache& modules) : modules_(modules) {}
+DwarfUnwinder::~DwarfUnwinder() = default;
+
+DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
+    auto& sp = spaces_[as.id];
+    if (!sp) {
+        sp = std::make_unique<Space>();
+        sp->dwfl = dwfl_begin(&kCallbacks);
+        if (!sp->dwfl) return nullptr;
+    }
+    if (sp->reported_version != as.version) {
+        // Add the modules mapped since the last report; keep the ones there.
+        dwfl_report_begin_add(sp->dwfl);
+        for (const auto& [start, m] : as.maps) {
+            if (!m.exec || sp->reported.count(m.path)) continue;
+            const Module* mod = modules_.get(m);
+            if (!mod) continue;
+            auto bias = mod->bias_for(m);
+            if (!bias) continue;
+            if (dwfl_report_elf(sp->dwfl, m.path.c_str(), mod->file.c_str(), -1, *bias, true))
+                sp->reported.insert(m.path);
+        }
+        dwfl_report_end(sp->dwfl, nullptr, nullptr);
+        sp->reported_version = as.version;
+    }
+    if (!sp->attached) {
+        if (sp->reported.empty()) return nullptr;
+        sp->cur.modules = &modules_;
+        if (!dwfl_attach_state(sp->dwfl, nullptr, as.pid > 0 ? as.pid : 1, &kThreadCallbacks, &sp->cur))
+            return nullptr;
+        sp->attached = true;
+    }
+    return sp.get();
+}
+
+UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
+                                   const std::function<FrameAction(const Frame&)>& cb, unsigned max_frames) {
+    if (s.regs_user_abi == 0 || s.regs_user.size() == 0 || s.stack_user.empty() || s.tid <= 0)
+        return UnwindStatus::Failed;
+    Space* sp = space_for(as);
+    if (!sp) return UnwindStatus::Failed;
+    Current& cur = sp->cur;
+    cur = Current{};
+    cur.sample = &s;
+    cur.as = &as;
+    cur.modules = &modules_;
+    size_t i = 0;
+    for (unsigned bit = 0; bit < 64; ++bit) {
+        if (!((s.regs_user_mask >> bit) & 1)) continue;
+        if (i >= s.regs_user.size()) break;
+        uint64_t v = s.regs_user[i++];
+        if (bit == PERF_REG_X86_SP) cur.sp = v;
+        int d = perf_reg_to_dwarf(bit);
+        if (d >= 0) {
+            cur.regs[d] = v;
+            cur.have[d] = true;
+        }
+    }
+    if (!cur.have[16] || !cur.have[7]) return UnwindStatus::Failed;
+    (void)PERF_REG_X86_IP;
+    FrameCtx ctx{&cur, &cb, 0, max_frames};
+    int rc = dwfl_getthread_frames(sp->dwfl, s.tid, frame_cb, &ctx);
+    cur.sample = nullptr;
+    if (ctx.stopped) return UnwindStatus::Stopped;
+    if (rc == 0 || ctx.depth >= max_frames) return UnwindStatus::Complete;
+    return ctx.depth >= 2 ? UnwindStatus::StoppedEarly : UnwindStatus::Failed;
+}
+
+}  // namespace gilscan

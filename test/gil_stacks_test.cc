@@ -1,0 +1,80 @@
+// Stack classification against ground truth: each testdata/stacks_*.data was
+// recorded beside a system-wide take_gil uprobe recording
+// (testdata/record_stacks.sh); test/stack_truth.py turned that into
+// stacks_*.truth.json. gilscan reads only the .data file here.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_against_truth(const std::string& name) {
+    CAPTURE(name);
+    const fs::path dir = GILSCAN_TESTDATA;
+    std::ifstream tf(dir / ("stacks_" + name + ".truth.json"));
+    REQUIRE(tf.good());
+    nlohmann::json truth = nlohmann::json::parse(tf);
+    StackAnalysis a = analyse_with_stacks((dir / ("stacks_" + name + ".data")).string());
+    CHECK(a.module_problems.empty());
+    std::map<std::pair<int32_t, uint64_t>, std::string> label;  // (tid, switch-out) -> span name
+    for (const auto& s : a.spans.spans)
+        if (s.kind == SpanKind::Sleep) label[{s.tid, s.start}] = s.name;
+    uint64_t gil_waits = 0, found = 0, labelled = 0, right = 0, matched = 0;
+    for (const auto& s : truth["sleeps"]) {
+        auto it = label.find({s[0].get<int32_t>(), s[1].get<uint64_t>()});
+        if (it == label.end()) continue;
+        ++matched;
+        const bool truth_gil = s[2].get<bool>();
+        const bool said_gil = it->second == "S(GIL)";
+        gil_waits += truth_gil;
+        found += truth_gil && said_gil;
+        labelled += said_gil;
+        right += truth_gil && said_gil;
+    }
+    MESSAGE(name << ": " << found << "/" << gil_waits << " GIL waits labelled S(GIL), " << right << "/" << labelled
+                 << " S(GIL) labels right; stacks " << a.stack_stats.decided << " decided of "
+                 << a.stack_stats.sleeps_seen);
+    CHECK(matched == truth["sleeps"].size());  // every sleep of the truth is a sleep span here
+    REQUIRE(gil_waits >= 50);
+    CHECK(static_cast<double>(found) >= 0.97 * static_cast<double>(gil_waits));
+    CHECK(static_cast<double>(right) >= 0.99 * static_cast<double>(labelled));
+}
+
+}  // namespace
+
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.9") { check_against_truth("py39"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.11") { check_against_truth("py311"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.12") { check_against_truth("py312"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.12 -X perf") { check_against_truth("py312_xperf"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.13") { check_against_truth("py313"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: through the pyenv shim (bash that execs)") { check_against_truth("shim"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pipe mode") { check_against_truth("pipe"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: zstd") { check_against_truth("zstd"); }
+TEST_CASE("S(GIL) from stacks vs uprobe truth: Debian's stripped python3.11") { check_against_truth("debian"); }
+
+TEST_CASE("a missing binary is reported once and leaves the sleep plain S") {
+    // --symfs pointing at an empty tree does not hide the real path, so use a
+    // recording whose python is looked for under a build-id that cannot match.
+    ProcessMaps maps;
+    ModuleOptions mo;
+    mo.build_ids["/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"] = "00112233445566778899aabbccddeeff00112233";
+    ModuleCache modules(mo);
+    Mapping m;
+    m.start = 0x7f0000000000;
+    m.end = m.start + 0x1000;
+    m.path = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0";
+    CHECK(modules.get(m) == nullptr);
+    CHECK(modules.get(m) == nullptr);
+    REQUIRE(modules.problems().size() == 1);
+    CHECK(modules.problems()[0].find("changed since the recording") != std::string::npos);
+}

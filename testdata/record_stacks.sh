@@ -1,0 +1,42 @@
+#!/bin/bash
+# Records the stack-classification test data: each recording has DWARF user
+# stacks on sched_switch, and beside it a system-wide uprobe recording of
+# take_gil entry/return is the ground truth (test/stack_truth.py turns it
+# into <name>.truth.json). Run as root; needs perf, tracefs and the Pythons.
+set -euo pipefail
+cd "$(dirname "$0")"
+GILSCAN=${GILSCAN:-../build/gilscan}
+DUR=${DUR:-0.2}
+SW='sched:sched_switch/call-graph=dwarf,stack-size=2048/'
+EV=(-e "$SW" -e sched:sched_waking -e sched:sched_wakeup)
+
+one() {  # name python mode [python args...]
+    local name=$1 py=$2 mode=$3; shift 3
+    local bin group
+    bin=$("$GILSCAN" probe "$py" | sed -n 's/^# \([^ ]*\) .*/\1/p' | head -1)
+    group=$("$GILSCAN" probe "$py" | sed -n "s/.* in group \([^ ]*\) .*/\1/p")
+    perf record -q -a -k CLOCK_MONOTONIC -e "$group:take_gil*" -o "/tmp/$name.truth.data" 2>/dev/null &
+    local truth=$!
+    sleep 1
+    case $mode in
+        file) perf record -q -k CLOCK_MONOTONIC "${EV[@]}" -o "stacks_$name.data" -- "$py" "$@" workload.py "$DUR" ;;
+        pipe) perf record -q -k CLOCK_MONOTONIC "${EV[@]}" -o - -- "$py" "$@" workload.py "$DUR" > "stacks_$name.data" ;;
+        zstd) perf record -q -z -k CLOCK_MONOTONIC "${EV[@]}" -o "stacks_$name.data" -- "$py" "$@" workload.py "$DUR" ;;
+    esac 2>/dev/null
+    sleep 0.5
+    kill -INT $truth; wait $truth || true
+    python3 ../test/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
+    chmod 644 "stacks_$name.data"
+    echo "$name ($bin): $(python3 -c "import json,sys; d=json.load(open('stacks_$name.truth.json')); print(len(d['sleeps']), 'sleeps,', d['gil_waits'], 'GIL waits, perf script shows take_gil in', d['perf_script_take_gil_frames'])")"
+}
+
+P=/root/.pyenv/versions
+one py39 $P/3.9.18/bin/python3 file
+one py311 $P/3.11.7/bin/python3 file
+one py312 $P/3.12.1/bin/python3 file
+one py312_xperf $P/3.12.1/bin/python3 file -X perf
+one py313 $P/3.13.0/bin/python3 file
+one shim /root/.pyenv/shims/python3 file
+one pipe $P/3.11.7/bin/python3 pipe
+one zstd $P/3.11.7/bin/python3 zstd
+one debian /usr/bin/python3.11 file
