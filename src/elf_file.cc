@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <lzma.h>
+
 namespace gilscan {
 
 namespace {
@@ -24,11 +26,47 @@ std::string hex(Bytes b) {
 }  // namespace
 
 std::string_view symbol_base_name(std::string_view name) {
+    name = name.substr(0, name.find('@'));  // symbol versions: pthread_cond_timedwait@@GLIBC_2.3.2
     size_t dot = name.find('.');
     return dot == std::string_view::npos ? name : name.substr(0, dot);
 }
 
-ElfFile::ElfFile(const std::string& path) : file_(path) {
+ElfFile::ElfFile(const std::string& path) : file_(path) { parse(); }
+
+ElfFile::ElfFile(const std::string& name, std::vector<uint8_t> image)
+    : image_(std::move(image)), file_(name, Bytes(image_.data(), image_.size())) {
+    parse();
+}
+
+std::unique_ptr<ElfFile> ElfFile::mini_debuginfo() const {
+    const ElfSection* s = section(".gnu_debugdata");
+    Bytes b = file_.bytes();
+    if (!s || s->offset > b.size() || s->size > b.size() - s->offset) return nullptr;
+    lzma_stream strm = LZMA_STREAM_INIT;
+    if (lzma_stream_decoder(&strm, UINT64_MAX, 0) != LZMA_OK) return nullptr;
+    std::vector<uint8_t> out;
+    strm.next_in = b.data() + s->offset;
+    strm.avail_in = s->size;
+    lzma_ret rc = LZMA_OK;
+    while (rc == LZMA_OK) {
+        size_t old = out.size();
+        if (old > (256u << 20)) break;  // a mini symtab is small: refuse a bomb
+        out.resize(old + 65536);
+        strm.next_out = out.data() + old;
+        strm.avail_out = 65536;
+        rc = lzma_code(&strm, LZMA_FINISH);
+        out.resize(old + 65536 - strm.avail_out);
+    }
+    lzma_end(&strm);
+    if (rc != LZMA_STREAM_END) return nullptr;
+    try {
+        return std::make_unique<ElfFile>(path() + "[.gnu_debugdata]", std::move(out));
+    } catch (const Error&) {
+        return nullptr;
+    }
+}
+
+void ElfFile::parse() {
     Bytes b = file_.bytes();
     const std::string& p = file_.path();
     if (b.size() < 64 || std::memcmp(b.data(), "\x7f" "ELF", 4) != 0) throw Error(p, 0, "not an ELF file");

@@ -196,8 +196,8 @@ SleepClassifier gil_probe_classifier(const GilTracker& gil) {
         SleepLabel l;
         if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return l;
         switch (gil.state(s.tid)) {
-        case GilState::Waiting: l = {"S(GIL)", "inside take_gil (uprobe)", true}; break;
-        case GilState::Dropping: l = {"S(GIL handoff)", "inside drop_gil (uprobe)", false}; break;
+        case GilState::Waiting: l = {"S(GIL)", "inside take_gil (uprobe)", true, {}}; break;
+        case GilState::Dropping: l = {"S(GIL handoff)", "inside drop_gil (uprobe)", false, {}}; break;
         default: break;
         }
         return l;

@@ -46,6 +46,8 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
                            the DWARF-unwound stack of the switch-out (auto: uprobes
                            when the recording has them, else stacks)
+      --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
+                           frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
                            perf build-id cache there)
       --all-threads        table: every thread, also of processes without GIL
@@ -68,6 +70,7 @@ struct Options {
     bool all_threads = false;
     std::string gil_evidence = "auto";
     std::string symfs;
+    unsigned sleep_stacks = 0;
     std::unordered_set<int32_t> pids;
 };
 
@@ -119,6 +122,12 @@ Options parse_args(int argc, char** argv) {
             o.gil_evidence = value("--gil-evidence");
             if (o.gil_evidence != "auto" && o.gil_evidence != "stacks" && o.gil_evidence != "probes")
                 usage_error("--gil-evidence takes auto, stacks or probes");
+        } else if (a == "--sleep-stacks") {
+            std::string v = value("--sleep-stacks");
+            char* end = nullptr;
+            long n = std::strtol(v.c_str(), &end, 10);
+            if (v.empty() || *end || n < 1 || n > 1024) usage_error("--sleep-stacks takes 1..1024");
+            o.sleep_stacks = static_cast<unsigned>(n);
         } else if (a == "--symfs") {
             o.symfs = value("--symfs");
         } else if (a == "--all-threads") {
@@ -168,7 +177,7 @@ int run(const Options& opt) {
         mopt.build_ids[b.filename] = id;
     }
     gilscan::ModuleCache modules(mopt);
-    gilscan::GilStackClassifier stacks(maps, modules);
+    gilscan::GilStackClassifier stacks(maps, modules, opt.sleep_stacks, session.features().os_release);
     gilscan::GilTracker gil(trace.get());
     gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
     auto by_probes = gilscan::gil_probe_classifier(gil);

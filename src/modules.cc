@@ -41,16 +41,56 @@ ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)) {
 
 namespace {
 
-void add_ranges(Module& mod) {
-    ElfFile& elf = *mod.elf;
-    // Symbols first: every piece of take_gil / drop_gil, .cold parts included.
+// Separate symbols for a stripped binary: /usr/lib/debug/.build-id, the
+// .gnu_debuglink name in the usual places, then MiniDebugInfo.
+std::unique_ptr<ElfFile> debug_symbols(const ElfFile& elf, const std::string& symfs) {
+    std::vector<std::string> c;
+    const std::string& id = elf.build_id();
+    if (id.size() > 2) {
+        c.push_back(symfs + "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug");
+        if (!symfs.empty()) c.push_back("/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug");
+    }
+    if (!elf.debuglink().empty()) {
+        std::string dir = fs::path(elf.path()).parent_path().string();
+        c.push_back(dir + "/" + elf.debuglink());
+        c.push_back(dir + "/.debug/" + elf.debuglink());
+        c.push_back(symfs + "/usr/lib/debug" + dir + "/" + elf.debuglink());
+    }
+    for (const auto& p : c) {
+        std::error_code ec;
+        if (p == elf.path() || !fs::is_regular_file(p, ec)) continue;
+        try {
+            auto d = std::make_unique<ElfFile>(p);
+            if (d->has_symtab() && (id.empty() || d->build_id().empty() || d->build_id() == id)) return d;
+        } catch (const Error&) {
+        }
+    }
+    auto mini = elf.mini_debuginfo();
+    if (mini && mini->has_symtab()) return mini;
+    return nullptr;
+}
+
+void add_symbol_ranges(Module& mod, const ElfFile& elf) {
+    // Every piece of take_gil / drop_gil, clones and .cold parts included.
     for (const auto& s : elf.symbols()) {
         if (s.dynamic || !s.defined || s.type != STT_FUNC || !s.value || !s.size) continue;
         std::string_view base = symbol_base_name(s.name);
         if (base == "take_gil") mod.take.push_back({s.value, s.value + s.size, std::string(s.name)});
         if (base == "drop_gil") mod.drop.push_back({s.value, s.value + s.size, std::string(s.name)});
     }
+}
+
+void add_ranges(Module& mod, const std::string& symfs) {
+    ElfFile& elf = *mod.elf;
+    add_symbol_ranges(mod, elf);
     if (!mod.take.empty()) return;
+    if (auto dbg = debug_symbols(elf, symfs)) {
+        add_symbol_ranges(mod, *dbg);
+        if (!mod.take.empty()) {
+            mod.symbols_from = dbg->path();
+            return;
+        }
+    }
     // Stripped: the locator's answer, inlined copies included.
     GilLocation loc = locate_gil(elf);
     for (const auto& f : loc.take) mod.take.push_back({f.vaddr, f.vaddr + std::max<uint64_t>(f.size, 1), f.name});
@@ -98,7 +138,7 @@ std::unique_ptr<Module> ModuleCache::load(const Mapping& m, const std::string& w
     }
     const ElfSymbol* rt = mod->elf->find_symbol("PyEval_RestoreThread");
     mod->python = rt && rt->dynamic && rt->defined;
-    if (mod->python) add_ranges(*mod);
+    if (mod->python) add_ranges(*mod, opt_.symfs);
     return mod;
 }
 

@@ -83,6 +83,7 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     case SpanKind::Sleep:
         s.name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
         s.evidence = th.label.evidence;
+        s.stack_json = th.label.stack_json;
         th.st.sleep_ns += d;
         ++th.st.sleep_count;
         if (th.label.gil) {

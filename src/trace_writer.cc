@@ -102,6 +102,10 @@ void TraceWriter::span(const Span& s) {
         put(",\"evidence\":");
         put_str(s.evidence);
     }
+    if (!s.stack_json.empty()) {
+        put(",\"stack\":");
+        put(s.stack_json);
+    }
     if (s.cut_at_end) put(",\"cut_at_end\":true");
     if (s.woken_before_switch) put(",\"woken_before_switch_out\":true");
     put("}}");

@@ -2,10 +2,14 @@
 
 #include <bit>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <set>
 
 #include <elfutils/libdwfl.h>
 #include <dwarf.h>
+#include <elfutils/libdw.h>
 
 namespace gilscan {
 
@@ -126,6 +130,7 @@ int frame_cb(Dwfl_Frame* state, void* arg) {
     f.pc = activation ? pc : pc - 1;
     f.depth = ctx->depth++;
     f.mapping = ctx->cur->as->find(f.pc);
+    f.dwfl = dwfl_thread_dwfl(dwfl_frame_thread(state));
     if (f.mapping) {
         f.module = ctx->cur->modules->get(*f.mapping);
         if (f.module) {
@@ -209,6 +214,56 @@ UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
     if (ctx.stopped) return UnwindStatus::Stopped;
     if (rc == 0 || ctx.depth >= max_frames) return UnwindStatus::Complete;
     return ctx.depth >= 2 ? UnwindStatus::StoppedEarly : UnwindStatus::Failed;
+}
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+std::vector<std::string> describe_frame(const Frame& f) {
+    std::vector<std::string> out;
+    const std::string mod = f.mapping ? std::filesystem::path(f.mapping->path).filename().string() : std::string("?");
+    Dwfl* dwfl = static_cast<Dwfl*>(f.dwfl);
+    Dwfl_Module* m = dwfl ? dwfl_addrmodule(dwfl, f.pc) : nullptr;
+    if (m) {
+        Dwarf_Addr bias = 0;
+        if (Dwarf_Die* cu = dwfl_module_addrdie(m, f.pc, &bias)) {
+            Dwarf_Die* scopes = nullptr;
+            int n = dwarf_getscopes(cu, f.pc - bias, &scopes);
+            for (int i = 0; i < n; ++i) {
+                if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine) continue;
+                Dwarf_Attribute attr;
+                Dwarf_Die origin;
+                const char* name = nullptr;
+                if (dwarf_attr(&scopes[i], DW_AT_abstract_origin, &attr) && dwarf_formref_die(&attr, &origin))
+                    name = dwarf_diename(&origin);
+                if (name) out.push_back("[inlined] " + std::string(symbol_base_name(name)) + " (" + mod + ")");
+            }
+            std::free(scopes);
+        }
+        GElf_Off off = 0;
+        GElf_Sym sym;
+        if (const char* name = dwfl_module_addrinfo(m, f.pc, &off, &sym, nullptr, nullptr, nullptr)) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(off));
+            out.push_back(std::string(symbol_base_name(name)) + buf + mod + ")");
+            return out;
+        }
+    }
+    if (f.module) {  // no symbol libdw knows: the GIL extents still name these
+        for (const auto* ranges : {&f.module->take, &f.module->drop})
+            for (const auto& r : *ranges)
+                if (f.vaddr >= r.begin && f.vaddr < r.end) {
+                    char buf[64];
+                    std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(f.vaddr - r.begin));
+                    out.push_back(std::string(symbol_base_name(r.name)) + buf + mod + ")");
+                    return out;
+                }
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "0x%llx (", static_cast<unsigned long long>(f.pc));
+    out.push_back(buf + mod + ")");
+    return out;
 }
 
 }  // namespace gilscan

@@ -63,6 +63,30 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(os.path.join(DATA, "system_wide.data"), "-o", trace, "--pid", str(pid), "-q")
     check(r.returncode == 0, "--pid on a system-wide recording")
 
+    # Stacks: S(GIL) from DWARF unwinding, with the symbolized stack on request
+    r = run(os.path.join(DATA, "stacks_py311.data"), "-o", trace, "--summary-json", summ, "--sleep-stacks", "40", "-q")
+    check(r.returncode == 0, f"stacks recording ({r.stderr})")
+    ev = json.load(open(trace))["traceEvents"]
+    gil = [e for e in ev if e["name"] == "S(GIL)"]
+    check(len(gil) > 50, "S(GIL) sleeps from stacks")
+    st = gil[0]["args"].get("stack", [])
+    check(any("([kernel])" in f for f in st), "kernel frames kept from CALLCHAIN")
+    check(any(f.startswith("take_gil+") for f in st), "take_gil frame symbolized")
+    check(any(f.startswith("[inlined] PyCOND_TIMEDWAIT") for f in st), "DWARF inline frames")
+    check(not any("@" in f for f in st), "symbol versions removed")
+    check("take_gil" in gil[0]["args"]["evidence"], "evidence names the matching frame")
+    s = json.load(open(summ))
+    check(s["gil_sleep_source"] == "stacks" and s["stacks"]["decided"] == s["stacks"]["sleeps_seen"] > 0,
+          "every sleep stack unwound to a CPython frame")
+    check(any(t["gil_sleep_us"] for t in s["threads"]), "gil_sleep_us filled from stacks")
+    r = run(os.path.join(DATA, "gil_combined.data"), "--gil-evidence", "stacks", "--summary-json", summ, "-q")
+    check(r.returncode == 0 and json.load(open(summ))["gil_sleep_source"] is None,
+          "--gil-evidence stacks on a recording without stacks labels nothing")
+    r = run(os.path.join(DATA, "gil_combined.data"), "--summary-json", summ, "-q")
+    check(json.load(open(summ))["gil_sleep_source"] == "uprobes", "auto: uprobes when present")
+    r = run(os.path.join(DATA, "plain.data"), "--gil-evidence", "bogus")
+    check(r.returncode == 2, "bad --gil-evidence is a usage error")
+
     # Truncated: partial results, warning with the byte offset, exit 0
     r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
     check(r.returncode == 0, "truncated file exits 0")

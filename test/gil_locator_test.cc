@@ -111,6 +111,11 @@ TEST_CASE("python resolution: the pyenv shim (bash that execs) leads to its libp
     CHECK(bin.find("libpython3") != std::string::npos);
     CHECK(resolve_python_binary("/usr/bin/python3.11") == "/usr/bin/python3.11");
     CHECK(default_probe_group("/x/libpython3.11.so.1.0") == "gil_libpython3_11");
+    CHECK(symbol_base_name("take_gil.lto_priv.0") == "take_gil");
+    CHECK(symbol_base_name("take_gil.constprop.0.isra.0") == "take_gil");
+    CHECK(symbol_base_name("drop_gil.cold") == "drop_gil");
+    CHECK(symbol_base_name("take_gil.llvm.8126345") == "take_gil");
+    CHECK(symbol_base_name("pthread_cond_timedwait@@GLIBC_2.3.2") == "pthread_cond_timedwait");
     CHECK_THROWS_AS(resolve_python_binary("/bin/sh"), Error);
     CHECK_THROWS_AS(resolve_python_binary("no-such-python-here"), Error);
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,6 +46,8 @@ struct ElfSymbol {
 class ElfFile {
 public:
     explicit ElfFile(const std::string& path);
+    // An ELF image in memory (e.g. decompressed .gnu_debugdata), owned.
+    ElfFile(const std::string& name, std::vector<uint8_t> image);
 
     const std::string& path() const { return file_.path(); }
     uint16_t type() const { return e_type_; }  // 2 = EXEC (non-PIE), 3 = DYN
@@ -65,10 +68,16 @@ public:
     Bytes bytes_at(uint64_t vaddr, uint64_t n) const;
     Bytes bytes() const { return file_.bytes(); }
 
+    // MiniDebugInfo: the xz-compressed ELF in .gnu_debugdata (Fedora and
+    // others keep a small .symtab there), decompressed; nullptr if none.
+    std::unique_ptr<ElfFile> mini_debuginfo() const;
+
 private:
+    void parse();
     void read_symbols(const ElfSection& tab, bool dynamic);
     std::string_view string_at(const ElfSection& strtab, uint64_t off) const;
 
+    std::vector<uint8_t> image_;  // owned bytes for the in-memory form (before file_)
     MappedFile file_;
     uint16_t e_type_ = 0;
     std::vector<ElfSegment> segments_;

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 #include <unordered_map>
 
 #include "gilscan/modules.h"
@@ -38,9 +40,24 @@ struct StackStats {
     uint64_t gil = 0, handoff = 0;
 };
 
+// Kernel symbols from this machine's /proc/kallsyms, used for the kernel
+// part of a sleep's stack only when the recording's kernel release is this
+// machine's (otherwise addresses are printed).
+class KernelSymbols {
+public:
+    explicit KernelSymbols(const std::string& recorded_release);
+    std::string name(uint64_t addr) const;
+
+private:
+    std::vector<std::pair<uint64_t, std::string>> syms_;
+};
+
 class GilStackClassifier {
 public:
-    GilStackClassifier(const ProcessMaps& maps, ModuleCache& modules);
+    // stack_frames > 0: also attach the symbolized stack (kernel frames from
+    // CALLCHAIN, then up to that many user frames) to every sleep's label.
+    GilStackClassifier(const ProcessMaps& maps, ModuleCache& modules, unsigned stack_frames = 0,
+                       std::string kernel_release = "");
     SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
     const StackStats& stats() const { return stats_; }
 
@@ -51,6 +68,9 @@ private:
     DwarfUnwinder unwinder_;
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
     StackStats stats_;
+    unsigned stack_frames_;
+    std::string kernel_release_;
+    std::unique_ptr<KernelSymbols> ksyms_;
 };
 
 }  // namespace gilscan

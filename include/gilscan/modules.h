@@ -40,6 +40,7 @@ struct Module {
     bool python = false;    // exports the CPython GIL callers
     std::vector<AddrRange> take, drop;  // take_gil / drop_gil extents (clones, .cold parts, inlined copies)
     std::string problem;    // why it cannot be used ("" if fine)
+    std::string symbols_from;  // separate debug file / MiniDebugInfo the GIL extents came from
 
     // Load bias for one mapping of this module (runtime = vaddr + bias).
     std::optional<uint64_t> bias_for(const Mapping& m) const;

@@ -46,6 +46,7 @@ struct SleepLabel {
     std::string name;       // "S", "S(GIL)", "S(GIL handoff)", "D", ...
     std::string evidence;   // e.g. the matching frame
     bool gil = false;       // counts towards gil_sleep_us
+    std::string stack_json; // optional: the symbolized stack, a JSON array
 };
 
 struct Span {
@@ -55,6 +56,7 @@ struct Span {
     std::string_view name;     // "R", "R+", "S", "D", "S(GIL)", "T", "unknown", ...
     std::string_view state;    // prev_state letters as perf prints them
     std::string_view evidence;
+    std::string_view stack_json;  // JSON array text, or empty
     int32_t waker = -1;        // thread whose wake-up ended the sleep / runnable wait
     uint32_t cpu = ~0u;
     bool cut_at_end = false;   // still open when the recording ended

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 #include <unordered_map>
 
 #include "gilscan/modules.h"
@@ -32,7 +33,13 @@ struct Frame {
     const Module* module = nullptr;
     const Mapping* mapping = nullptr;
     unsigned depth = 0;
+    void* dwfl = nullptr;   // the Dwfl it was unwound with (for describe_frame)
 };
+
+// Symbolized names of a frame, innermost first: DWARF inline frames
+// ("[inlined] take_gil"), then the function from symtab / dynsym /
+// MiniDebugInfo with compiler clone suffixes removed, "+0xOFF (module)".
+std::vector<std::string> describe_frame(const Frame& f);
 
 enum class FrameAction { Continue, Stop };
 
