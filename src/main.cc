@@ -14,24 +14,20 @@
 #include <unordered_set>
 #include <vector>
 
+#include "gilscan/analysis.h"
+#include "gilscan/batch.h"
 #include "gilscan/error.h"
-#include "gilscan/gil_probes.h"
-#include "gilscan/gil_stacks.h"
-#include "gilscan/modules.h"
-#include "gilscan/process_maps.h"
 #include "gilscan/output_file.h"
 #include "gilscan/probe.h"
 #include "gilscan/record_cmd.h"
-#include "gilscan/session.h"
 #include "gilscan/summary.h"
-#include "gilscan/timeline.h"
-#include "gilscan/trace_writer.h"
 
 namespace {
 
 constexpr const char* kUsage = R"(usage: gilscan FILE [options]
        gilscan probe [--print] [--remove] [PYTHON_OR_LIBPYTHON...]
        gilscan record [-o out.data] [--gil] [--state] [--stacks] -- python3 script.py
+       gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] PATH...
 
 Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
 scheduler tracepoints and writes a Chrome trace and a per-thread summary.
@@ -146,94 +142,30 @@ Options parse_args(int argc, char** argv) {
     return o;
 }
 
-int run(const Options& opt) {
-    // 1-2. File, header, features, tracing formats; records in time order.
-    gilscan::Session session(opt.input);
-
-    // Outputs are opened up front but only committed when everything worked.
-    std::unique_ptr<gilscan::OutputFile> trace_out;
-    if (!opt.output.empty()) trace_out = std::make_unique<gilscan::OutputFile>(opt.output);
-    struct NullSink : gilscan::SpanSink {
-        void span(const gilscan::Span&) override {}
-    } null_sink;
-    std::unique_ptr<gilscan::TraceWriter> trace;
-    if (trace_out)
-        trace = std::make_unique<gilscan::TraceWriter>(
-            *trace_out, gilscan::TraceOptions{opt.running, opt.runnable, opt.sleeping, opt.pids});
-
-    // 3-7. Process maps, binaries and unwinding, GIL uprobes, then the
-    // per-thread state machines. The GIL tracker sees each event before the
-    // timeline, so a switch-out knows whether its thread is inside take_gil.
-    gilscan::ProcessMaps maps;
-    gilscan::ModuleOptions mopt;
-    mopt.symfs = opt.symfs;
-    for (const auto& b : session.features().build_ids) {
-        static const char* hex = "0123456789abcdef";
-        std::string id;
-        for (uint8_t c : b.build_id) {
-            id += hex[c >> 4];
-            id += hex[c & 15];
-        }
-        mopt.build_ids[b.filename] = id;
-    }
-    gilscan::ModuleCache modules(mopt);
-    gilscan::GilStackClassifier stacks(maps, modules, opt.sleep_stacks, session.features().os_release);
-    gilscan::GilTracker gil(trace.get());
-    gilscan::Timeline timeline(session, trace ? static_cast<gilscan::SpanSink&>(*trace) : null_sink);
-    auto by_probes = gilscan::gil_probe_classifier(gil);
-    std::string evidence_used;
-    timeline.set_classifier([&](const gilscan::Sample& s, const gilscan::EventInfo& ev, const gilscan::PrevState& ps) {
-        const bool probes = opt.gil_evidence == "probes" || (opt.gil_evidence == "auto" && gil.seen_probes());
-        if (probes) {
-            if (gil.seen_probes()) evidence_used = "uprobes";
-            return by_probes(s, ev, ps);
-        }
-        if (s.regs_user_abi == 0 || s.stack_user.empty()) return gilscan::SleepLabel{};
-        evidence_used = "stacks";
-        return stacks.classify(s, ev, ps);
-    });
-    gilscan::FanOut stages({&maps, &gil, &timeline});
+gilscan::AnalysisOptions analysis_options(const Options& opt) {
+    gilscan::AnalysisOptions a;
+    a.input = opt.input;
+    a.output = opt.output;
+    a.trace = {opt.running, opt.runnable, opt.sleeping, opt.pids};
+    a.pids = opt.pids;
+    a.gil_evidence = opt.gil_evidence;
+    a.symfs = opt.symfs;
+    a.sleep_stacks = opt.sleep_stacks;
     if (opt.progress) {
-        session.set_progress([&opt](uint64_t done, uint64_t total) {
-            std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", opt.input.c_str(),
+        a.progress = [input = opt.input](uint64_t done, uint64_t total) {
+            std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", input.c_str(),
                          total ? static_cast<int>(100 * done / total) : 100);
             if (done >= total) std::fputc('\n', stderr);
-        });
+        };
     }
-    session.run(stages);
-    const uint64_t end = session.stats().last_time;
-    gil.finish(end);
-    timeline.finish(end);
+    return a;
+}
 
-    // 8. Outputs.
-    const auto threads = timeline.threads();
-    gilscan::FileSummary summary = gilscan::build_summary(session, threads, opt.pids, &gil);
-    summary.stack_stats = stacks.stats();
-    for (const auto& p : modules.problems()) summary.warnings.push_back("cannot unwind through " + p);
-    if (stacks.stats().stopped_early + stacks.stats().failed)
-        summary.warnings.push_back(std::to_string(stacks.stats().stopped_early + stacks.stats().failed) + " of " +
-                                   std::to_string(stacks.stats().sleeps_seen) +
-                                   " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
-    if (!evidence_used.empty() && timeline.sched_events() > 0) {
-        summary.gil_sleep_known = true;
-        summary.gil_sleep_source = evidence_used;
-        for (auto& t : summary.threads) {
-            t.gil_sleep_ns = t.st.gil_sleep_ns;
-            t.gil_sleep_count = t.st.gil_sleep_count;
-        }
-    }
-    if (timeline.decoder().field_errors())
-        summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +
-                                   " tracepoint sample(s) too short for their format");
-    if (timeline.sched_events() == 0 && !gil.seen_probes())
-        summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
-                                   "record them to see thread states");
-    if (trace) {
-        for (const auto& p : summary.gil_processes) trace->name_thread(p.pid, gilscan::gil_track_tid(p.pid), "GIL holder");
-        gilscan::TraceMeta meta{opt.input, summary.clock, summary.hostname, summary.cmdline};
-        trace->finish(threads, meta);
-        trace_out->commit();
-    }
+int run(const Options& opt) {
+    // The stages, in order, are in gilscan::analyse_recording (src/analysis.cc):
+    // file/header/features -> records -> tracepoint formats -> process maps ->
+    // unwinding and symbols -> GIL locator -> thread state machines -> trace.
+    gilscan::FileSummary summary = gilscan::analyse_recording(analysis_options(opt));
     if (!opt.summary_json.empty()) {
         gilscan::OutputFile js(opt.summary_json);
         js.write(gilscan::summary_json(summary).dump(2));
@@ -254,6 +186,14 @@ int main(int argc, char** argv) {
         } catch (const std::exception& e) {
             std::fprintf(stderr, "gilscan: error: %s\n", e.what());
             return 1;
+        }
+    }
+    if (argc > 1 && std::strcmp(argv[1], "batch") == 0) {
+        try {
+            return gilscan::batch_main(argc, argv);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
+            return 2;
         }
     }
     if (argc > 1 && std::strcmp(argv[1], "record") == 0) {

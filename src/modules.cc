@@ -106,9 +106,10 @@ std::unique_ptr<Module> ModuleCache::load(const Mapping& m, const std::string& w
     auto mod = std::make_unique<Module>();
     mod->path = m.path;
     std::vector<std::string> candidates;
-    if (!opt_.symfs.empty()) candidates.push_back(opt_.symfs + m.path);
-    candidates.push_back(m.path);
+    // As perf's --symfs: with it, the recorded path is looked for only under it.
+    candidates.push_back(opt_.symfs.empty() ? m.path : opt_.symfs + m.path);
     if (!want_id.empty()) {
+        if (!opt_.symfs.empty()) candidates.push_back(opt_.symfs + m.path + "/" + want_id + "/elf");
         candidates.push_back(opt_.home_debug + m.path + "/" + want_id + "/elf");
         candidates.push_back(opt_.home_debug + "/.build-id/" + want_id.substr(0, 2) + "/" + want_id.substr(2) + "/elf");
         if (!opt_.symfs.empty())

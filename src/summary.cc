@@ -1,6 +1,7 @@
 #include "gilscan/summary.h"
 
 #include <algorithm>
+#include <ctime>
 
 #include "gilscan/perf_abi.h"
 
@@ -16,6 +17,17 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
     fs.perf_version = s.features().perf_version;
     for (const auto& a : s.features().cmdline) fs.cmdline += (fs.cmdline.empty() ? "" : " ") + a;
     fs.first_time = st.first_time;
+    if (const auto& cd = s.features().clock_data; cd && st.have_time) {
+        // Wall clock of the first event: tod at the reference point, moved by
+        // how far the first event is from that point on the recording clock.
+        int64_t tod = static_cast<int64_t>(cd->tod_ns) + (static_cast<int64_t>(st.first_time) - static_cast<int64_t>(cd->clockid_ns));
+        std::time_t t = static_cast<std::time_t>(tod / 1000000000);
+        std::tm tm{};
+        ::gmtime_r(&t, &tm);
+        char buf[32];
+        std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        fs.date = buf;
+    }
     fs.last_time = st.last_time;
     fs.lost_events = st.lost_events;
     fs.lost_records = st.lost_records;
@@ -161,6 +173,7 @@ nlohmann::json summary_json(const FileSummary& fs) {
     j["hostname"] = fs.hostname;
     j["cmdline"] = fs.cmdline;
     j["perf_version"] = fs.perf_version;
+    j["date"] = fs.date.empty() ? json(nullptr) : json(fs.date);
     j["first_time_ns"] = fs.first_time;
     j["last_time_ns"] = fs.last_time;
     j["pipe_mode"] = fs.pipe_mode;

@@ -87,6 +87,47 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(os.path.join(DATA, "plain.data"), "--gil-evidence", "bogus")
     check(r.returncode == 2, "bad --gil-evidence is a usage error")
 
+    # Batch: a directory of archived recordings, compressed ones, a bad one
+    import csv
+    import shutil
+    arch = os.path.join(tmp, "archive")
+    os.makedirs(os.path.join(arch, "sub"))
+    shutil.copy(os.path.join(DATA, "plain.data"), arch)
+    shutil.copy(os.path.join(DATA, "gil_combined.data"), os.path.join(arch, "sub"))
+    subprocess.run(["zstd", "-q", "-f", os.path.join(DATA, "pipe.data"), "-o", os.path.join(arch, "sub", "p.data.zst")],
+                   check=True)
+    open(os.path.join(arch, "sub", "broken.data"), "wb").write(b"not perf" * 100)
+    open(os.path.join(arch, "notes.txt"), "w").write("not a recording name: skipped")
+    rows_csv, traces = os.path.join(tmp, "rows.csv"), os.path.join(tmp, "traces")
+    r = run("batch", "-j", "2", "--summary", rows_csv, "--traces", traces, arch)
+    check(r.returncode == 0, f"batch exits 0 when something was read ({r.stderr[-300:]})")
+    rows = list(csv.DictReader(open(rows_csv)))
+    recs = {row["recording"] for row in rows}
+    check(len(recs) == 4, f"four recordings found recursively ({recs})")
+    errs = [row for row in rows if row["error"]]
+    check(len(errs) == 1 and "broken.data" in errs[0]["recording"] and "PERFILE2" in errs[0]["error"],
+          "the bad file is a row with its error")
+    ok = [row for row in rows if not row["error"]]
+    check(all(row["host"] and row["date"] and row["tid"] for row in ok), "host, date, tid on every row")
+    check(any(row["gil_wait_us"] for row in ok if "gil_combined" in row["recording"]), "GIL figures in rows")
+    check(any(row["recording"].endswith("p.data.zst") and row["sleep_count"] for row in ok), ".data.zst read")
+    check(len(os.listdir(traces)) == 3, f"a trace per readable recording ({os.listdir(traces)})")
+    rows_jsonl = os.path.join(tmp, "rows.jsonl")
+    r = run("batch", "--summary", rows_jsonl, os.path.join(arch, "sub"))
+    lines = [json.loads(l) for l in open(rows_jsonl)]
+    check(r.returncode == 0 and lines and all("recording" in l and "gil_hold_us" in l for l in lines), "JSONL rows")
+    r = run("batch", os.path.join(arch, "sub", "broken.data"))
+    check(r.returncode == 1, "batch fails only when nothing could be read")
+    # Binaries absent (an empty --symfs): scheduler figures still, unwinding said once per module
+    empty = os.path.join(tmp, "symfs")
+    os.makedirs(empty)
+    r = run("batch", "--summary", rows_jsonl, "--symfs", empty, os.path.join(DATA, "stacks_py311.data"))
+    lines = [json.loads(l) for l in open(rows_jsonl)]
+    check(r.returncode == 0 and all(l["sleep_count"] is not None for l in lines), "sleep figures without binaries")
+    check(all(l["gil_sleep_us"] is None for l in lines), "no S(GIL) figures invented without binaries")
+    w = lines[0]["warnings"]
+    check(w.count("libpython3.11.so.1.0: not found") == 1, f"missing module said once ({w[:300]})")
+
     # Truncated: partial results, warning with the byte offset, exit 0
     r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
     check(r.returncode == 0, "truncated file exits 0")

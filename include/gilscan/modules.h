@@ -6,7 +6,7 @@
 //   m->in_take_gil(pc - m->bias_for(mapping))
 //   mods.problems()                         // once per module: "not found", "build-id mismatch"
 //
-// A binary is looked for at the recorded path (under --symfs first), in
+// A binary is looked for at the recorded path (only under --symfs when given, as perf does), in
 // perf's build-id cache (~/.debug/<path>/<build-id>/elf and
 // ~/.debug/.build-id/xx/rest/elf) and under /usr/lib/debug/.build-id. When
 // the recording names a build-id (MMAP2's build-id form or the

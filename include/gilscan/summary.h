@@ -36,6 +36,7 @@ struct ThreadSummary {
 
 struct FileSummary {
     std::string file, clock, hostname, cmdline, perf_version;
+    std::string date;  // ISO 8601 UTC of the first event, from HEADER_CLOCK_DATA ("" if unknown)
     uint64_t first_time = 0, last_time = 0;
     uint64_t lost_events = 0, lost_records = 0, lost_samples = 0;
     std::map<uint32_t, uint64_t> lost_by_cpu, lost_samples_by_cpu;

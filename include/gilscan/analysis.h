@@ -1,0 +1,40 @@
+// The whole analysis of one recording, stage by stage (the ordered list the
+// command line and `gilscan batch` share).
+//
+//   AnalysisOptions o;
+//   o.input = "perf.data";
+//   o.output = "trace.json";          // "" = no trace
+//   FileSummary s = analyse_recording(o);
+//
+// Stages: file/header/features -> records in time order (Session) ->
+// tracepoint formats -> process maps -> binaries, unwinding, GIL locator ->
+// GIL uprobes -> thread state machines (Timeline) -> trace and summary.
+// Throws gilscan::Error for an input that is not a usable recording; the
+// trace is then not written.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_set>
+
+#include "gilscan/summary.h"
+#include "gilscan/trace_writer.h"
+
+namespace gilscan {
+
+struct AnalysisOptions {
+    std::string input;
+    std::string display_name;   // the name to report (e.g. the .data.zst it came from)
+    std::string output;         // trace JSON path, "" = none
+    TraceOptions trace;
+    std::unordered_set<int32_t> pids;
+    std::string gil_evidence = "auto";  // auto | stacks | probes
+    std::string symfs;
+    unsigned sleep_stacks = 0;
+    std::function<void(uint64_t, uint64_t)> progress;
+};
+
+FileSummary analyse_recording(const AnalysisOptions& opt);
+
+}  // namespace gilscan

@@ -1,0 +1,26 @@
+// `gilscan batch`: many archived recordings, in parallel, one summary row per
+// recording and thread.
+//
+//   gilscan batch -j 4 --summary rows.jsonl --traces traces/ archive/ more.data
+//
+// PATHs are files or directories searched recursively for *.data,
+// *.data.zst (zstd-compressed archives, decompressed to a temporary file) and
+// perf.data*. A file that cannot be read gets a row with its error and the
+// batch goes on; the exit status is non-zero only if nothing could be read.
+// Binaries that are absent or changed on this machine only cost the stack
+// classification of their sleeps (said once per module in the warnings);
+// scheduler states and uprobe GIL figures need none. --symfs DIR finds them
+// in a tree (an unpacked `perf archive` included).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gilscan {
+
+// Files a batch would analyse, in a stable order.
+std::vector<std::string> batch_inputs(const std::vector<std::string>& paths);
+
+int batch_main(int argc, char** argv);
+
+}  // namespace gilscan

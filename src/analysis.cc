@@ -1,0 +1,103 @@
+#include "gilscan/analysis.h"
+
+#include <memory>
+
+#include "gilscan/gil_probes.h"
+#include "gilscan/gil_stacks.h"
+#include "gilscan/modules.h"
+#include "gilscan/output_file.h"
+#include "gilscan/process_maps.h"
+#include "gilscan/session.h"
+#include "gilscan/timeline.h"
+#include "gilscan/trace_writer.h"
+
+namespace gilscan {
+
+FileSummary analyse_recording(const AnalysisOptions& opt) {
+    // 1-2. File, header, features, tracing formats; records in time order.
+    Session session(opt.input);
+    if (opt.progress) session.set_progress(opt.progress);
+
+    // Outputs are opened up front but only committed when everything worked.
+    std::unique_ptr<OutputFile> trace_out;
+    if (!opt.output.empty()) trace_out = std::make_unique<OutputFile>(opt.output);
+    struct NullSink : SpanSink {
+        void span(const Span&) override {}
+    } null_sink;
+    std::unique_ptr<TraceWriter> trace;
+    if (trace_out) trace = std::make_unique<TraceWriter>(*trace_out, opt.trace);
+
+    // 3-7. Process maps, binaries and unwinding, GIL uprobes, then the
+    // per-thread state machines. The GIL tracker sees each event before the
+    // timeline, so a switch-out knows whether its thread is inside take_gil.
+    ProcessMaps maps;
+    ModuleOptions mopt;
+    mopt.symfs = opt.symfs;
+    for (const auto& b : session.features().build_ids) {
+        static const char* hex = "0123456789abcdef";
+        std::string id;
+        for (uint8_t c : b.build_id) {
+            id += hex[c >> 4];
+            id += hex[c & 15];
+        }
+        mopt.build_ids[b.filename] = id;
+    }
+    ModuleCache modules(mopt);
+    GilStackClassifier stacks(maps, modules, opt.sleep_stacks, session.features().os_release);
+    GilTracker gil(trace.get());
+    Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);
+    auto by_probes = gil_probe_classifier(gil);
+    std::string evidence_used;
+    timeline.set_classifier([&](const Sample& s, const EventInfo& ev, const PrevState& ps) {
+        const bool probes = opt.gil_evidence == "probes" || (opt.gil_evidence == "auto" && gil.seen_probes());
+        if (probes) {
+            if (gil.seen_probes()) evidence_used = "uprobes";
+            return by_probes(s, ev, ps);
+        }
+        if (s.regs_user_abi == 0 || s.stack_user.empty()) return SleepLabel{};
+        evidence_used = "stacks";
+        return stacks.classify(s, ev, ps);
+    });
+    FanOut stages({&maps, &gil, &timeline});
+    session.run(stages);
+    const uint64_t end = session.stats().last_time;
+    gil.finish(end);
+    timeline.finish(end);
+
+    // 8. Outputs.
+    const auto threads = timeline.threads();
+    FileSummary summary = build_summary(session, threads, opt.pids, &gil);
+    summary.stack_stats = stacks.stats();
+    for (const auto& p : modules.problems()) summary.warnings.push_back("cannot unwind through " + p);
+    if (stacks.stats().stopped_early + stacks.stats().failed)
+        summary.warnings.push_back(std::to_string(stacks.stats().stopped_early + stacks.stats().failed) + " of " +
+                                   std::to_string(stacks.stats().sleeps_seen) +
+                                   " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
+    // Stacks that reached no CPython frame (binaries missing) tell nothing.
+    if (evidence_used == "stacks" && stacks.stats().decided == 0) evidence_used.clear();
+    if (!evidence_used.empty() && timeline.sched_events() > 0) {
+        summary.gil_sleep_known = true;
+        summary.gil_sleep_source = evidence_used;
+        for (auto& t : summary.threads) {
+            t.gil_sleep_ns = t.st.gil_sleep_ns;
+            t.gil_sleep_count = t.st.gil_sleep_count;
+        }
+    }
+    if (timeline.decoder().field_errors())
+        summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +
+                                   " tracepoint sample(s) too short for their format");
+    if (timeline.sched_events() == 0 && !gil.seen_probes())
+        summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
+                                   "record them to see thread states");
+    if (trace) {
+        for (const auto& p : summary.gil_processes) trace->name_thread(p.pid, gil_track_tid(p.pid), "GIL holder");
+        TraceMeta meta{opt.display_name.empty() ? opt.input : opt.display_name, summary.clock, summary.hostname,
+                       summary.cmdline};
+        trace->finish(threads, meta);
+        trace_out->commit();
+    }
+    if (!opt.display_name.empty()) summary.file = opt.display_name;
+    return summary;
+}
+
+}  // namespace gilscan

@@ -1,0 +1,311 @@
+#include "gilscan/batch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gilscan/analysis.h"
+#include "gilscan/error.h"
+#include "gilscan/output_file.h"
+
+namespace gilscan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool wanted(const fs::path& p) {
+    const std::string name = p.filename().string();
+    auto ends = [&](const char* suf) {
+        size_t n = std::strlen(suf);
+        return name.size() >= n && name.compare(name.size() - n, n, suf) == 0;
+    };
+    return ends(".data") || ends(".data.zst") || name.rfind("perf.data", 0) == 0;
+}
+
+// A .zst archive, decompressed into a private temporary file.
+struct Unpacked {
+    std::string path;
+    ~Unpacked() {
+        if (!path.empty()) std::remove(path.c_str());
+    }
+};
+
+void unzstd(const std::string& in, Unpacked& out) {
+    std::ifstream src(in, std::ios::binary);
+    if (!src) throw Error(in, Error::no_offset, "cannot open");
+    char tmpl[] = "/tmp/gilscan-batch-XXXXXX";
+    int fd = ::mkstemp(tmpl);
+    if (fd < 0) throw Error(in, Error::no_offset, "cannot create a temporary file");
+    out.path = tmpl;
+    FILE* dst = ::fdopen(fd, "wb");
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    std::vector<char> ibuf(ZSTD_DStreamInSize()), obuf(ZSTD_DStreamOutSize());
+    size_t last = 0;
+    bool any = false;
+    while (src.read(ibuf.data(), static_cast<std::streamsize>(ibuf.size())) || src.gcount() > 0) {
+        ZSTD_inBuffer ib{ibuf.data(), static_cast<size_t>(src.gcount()), 0};
+        any = true;
+        while (ib.pos < ib.size) {
+            ZSTD_outBuffer ob{obuf.data(), obuf.size(), 0};
+            last = ZSTD_decompressStream(d, &ob, &ib);
+            if (ZSTD_isError(last)) {
+                ZSTD_freeDCtx(d);
+                std::fclose(dst);
+                throw Error(in, Error::no_offset, std::string("not a zstd archive: ") + ZSTD_getErrorName(last));
+            }
+            std::fwrite(obuf.data(), 1, ob.pos, dst);
+        }
+    }
+    ZSTD_freeDCtx(d);
+    std::fclose(dst);
+    if (!any) throw Error(in, Error::no_offset, "empty file");
+    if (last != 0) throw Error(in, Error::no_offset, "zstd archive is cut short");
+}
+
+std::string iso_date(uint64_t ns) {
+    std::time_t t = static_cast<std::time_t>(ns / 1000000000ull);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+struct Result {
+    std::string path;
+    std::string error;
+    std::string date;
+    FileSummary summary;
+};
+
+const char* kColumns[] = {"recording", "error",      "host",        "cmdline",     "date",       "pid",
+                          "tid",       "comm",       "main_thread", "span_us",     "running_us", "runnable_us",
+                          "sleep_us",  "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us",
+                          "lost_events", "lost_samples", "warnings"};
+
+std::vector<nlohmann::json> rows_of(const Result& r) {
+    using nlohmann::json;
+    std::vector<json> rows;
+    auto base = [&]() {
+        json j;
+        for (const char* c : kColumns) j[c] = nullptr;
+        j["recording"] = r.path;
+        return j;
+    };
+    if (!r.error.empty()) {
+        json j = base();
+        j["error"] = r.error;
+        rows.push_back(j);
+        return rows;
+    }
+    const FileSummary& fs = r.summary;
+    json all = summary_json(fs);
+    std::string warnings;
+    for (const auto& w : fs.warnings) warnings += (warnings.empty() ? "" : " | ") + w;
+    auto common = [&](json& j) {
+        j["host"] = fs.hostname;
+        j["cmdline"] = fs.cmdline;
+        j["date"] = r.date;
+        j["lost_events"] = fs.lost_events;
+        j["lost_samples"] = fs.lost_samples;
+        j["warnings"] = warnings;
+    };
+    for (const auto& t : all["threads"]) {
+        json j = base();
+        common(j);
+        for (const char* k : {"pid", "tid", "comm", "main_thread", "span_us", "running_us", "runnable_us", "sleep_us",
+                              "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us"})
+            j[k] = t[k];
+        rows.push_back(j);
+    }
+    if (rows.empty()) {  // read fine, but no thread to report
+        json j = base();
+        common(j);
+        rows.push_back(j);
+    }
+    return rows;
+}
+
+std::string csv_field(const nlohmann::json& v) {
+    std::string s = v.is_null() ? "" : v.is_string() ? v.get<std::string>() : v.dump();
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return q + "\"";
+}
+
+std::string trace_name(const std::string& path, size_t index) {
+    std::string base = fs::path(path).filename().string();
+    for (const char* suf : {".zst", ".data"})
+        if (base.size() > std::strlen(suf) && base.compare(base.size() - std::strlen(suf), std::strlen(suf), suf) == 0)
+            base.resize(base.size() - std::strlen(suf));
+    return std::to_string(index) + "-" + base + ".json";
+}
+
+constexpr const char* kUsage =
+    "usage: gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] [--symfs DIR]\n"
+    "                     [--gil-evidence auto|stacks|probes] PATH...\n\n"
+    "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
+    "perf.data*) in parallel: one summary row per recording and thread. Unreadable files\n"
+    "get a row with their error; the exit status is 1 only if nothing could be read.\n";
+
+}  // namespace
+
+std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
+    std::vector<std::string> out;
+    for (const auto& p : paths) {
+        std::error_code ec;
+        if (fs::is_directory(p, ec)) {
+            std::vector<std::string> found;
+            for (auto it = fs::recursive_directory_iterator(p, fs::directory_options::skip_permission_denied, ec);
+                 it != fs::recursive_directory_iterator(); it.increment(ec)) {
+                if (ec) break;
+                if (it->is_regular_file(ec) && wanted(it->path())) found.push_back(it->path().string());
+            }
+            std::sort(found.begin(), found.end());
+            out.insert(out.end(), found.begin(), found.end());
+        } else {
+            out.push_back(p);  // named explicitly: analysed whatever its name
+        }
+    }
+    return out;
+}
+
+int batch_main(int argc, char** argv) {
+    unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+    std::string summary_path, traces_dir, symfs, evidence = "auto";
+    std::vector<std::string> paths;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw Error("gilscan batch", Error::no_offset, a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "-j") {
+            long n = std::strtol(value().c_str(), nullptr, 10);
+            if (n < 1 || n > 1024) throw Error("gilscan batch", Error::no_offset, "-j takes 1..1024");
+            jobs = static_cast<unsigned>(n);
+        } else if (a == "--summary") {
+            summary_path = value();
+        } else if (a == "--traces") {
+            traces_dir = value();
+        } else if (a == "--symfs") {
+            symfs = value();
+        } else if (a == "--gil-evidence") {
+            evidence = value();
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        } else if (!a.empty() && a[0] == '-') {
+            throw Error("gilscan batch", Error::no_offset, "unknown option " + a);
+        } else {
+            paths.push_back(a);
+        }
+    }
+    if (paths.empty()) throw Error("gilscan batch", Error::no_offset, "no recordings given");
+    const std::vector<std::string> inputs = batch_inputs(paths);
+    if (inputs.empty()) {
+        std::fprintf(stderr, "gilscan: error: no recordings found under the given paths\n");
+        return 1;
+    }
+    if (!traces_dir.empty()) fs::create_directories(traces_dir);
+    const bool csv = summary_path.size() > 4 && summary_path.compare(summary_path.size() - 4, 4, ".csv") == 0;
+
+    std::vector<Result> results(inputs.size());
+    std::atomic<size_t> next{0}, done{0}, failed{0};
+    std::mutex progress_mu;
+    const bool tty = ::isatty(2);
+    auto progress = [&]() {
+        std::lock_guard<std::mutex> l(progress_mu);
+        size_t d = done.load(), n = inputs.size();
+        if (tty) {
+            const int width = 30;
+            int filled = static_cast<int>(width * d / n);
+            std::fprintf(stderr, "\r[%s%s] %zu/%zu recordings, %zu unreadable", std::string(filled, '#').c_str(),
+                         std::string(width - filled, '.').c_str(), d, n, failed.load());
+            if (d == n) std::fputc('\n', stderr);
+        }
+    };
+    auto worker = [&]() {
+        for (size_t i = next++; i < inputs.size(); i = next++) {
+            Result& r = results[i];
+            r.path = inputs[i];
+            try {
+                Unpacked tmp;
+                AnalysisOptions o;
+                o.input = r.path;
+                if (r.path.size() > 4 && r.path.compare(r.path.size() - 4, 4, ".zst") == 0) {
+                    unzstd(r.path, tmp);
+                    o.input = tmp.path;
+                    o.display_name = r.path;
+                }
+                o.symfs = symfs;
+                o.gil_evidence = evidence;
+                if (!traces_dir.empty()) o.output = (fs::path(traces_dir) / trace_name(r.path, i)).string();
+                r.summary = analyse_recording(o);
+                r.summary.file = r.path;
+                // The recording's own clock data, else (as perf report does) the file's mtime.
+                struct stat st {};
+                r.date = !r.summary.date.empty() ? r.summary.date
+                         : ::stat(r.path.c_str(), &st) == 0
+                             ? iso_date(static_cast<uint64_t>(st.st_mtime) * 1000000000ull)
+                             : "";
+            } catch (const std::exception& e) {
+                r.error = e.what();
+                ++failed;
+            }
+            ++done;
+            progress();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < std::min<size_t>(jobs, inputs.size()); ++t) pool.emplace_back(worker);
+    for (auto& t : pool) t.join();
+
+    // Rows in input order, whatever order the workers finished in.
+    std::unique_ptr<OutputFile> out;
+    if (!summary_path.empty()) out = std::make_unique<OutputFile>(summary_path);
+    std::string text;
+    if (csv) {
+        for (size_t c = 0; c < std::size(kColumns); ++c) text += std::string(c ? "," : "") + kColumns[c];
+        text += "\n";
+    }
+    size_t rows = 0;
+    for (const auto& r : results) {
+        for (const auto& row : rows_of(r)) {
+            ++rows;
+            if (csv) {
+                for (size_t c = 0; c < std::size(kColumns); ++c) text += (c ? "," : "") + csv_field(row[kColumns[c]]);
+                text += "\n";
+            } else {
+                text += row.dump() + "\n";
+            }
+        }
+        if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
+    }
+    if (out) {
+        out->write(text);
+        out->commit();
+    } else {
+        std::fputs(text.c_str(), stdout);
+    }
+    std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows\n", inputs.size(),
+                 inputs.size() - failed.load(), failed.load(), rows);
+    return failed.load() == inputs.size() ? 1 : 0;
+}
+
+}  // namespace gilscan
