@@ -131,7 +131,11 @@ std::vector<EventAttr> read_attrs(Bytes file, const FileHeader& h, const std::st
     }
     if (h.attr_size < PERF_ATTR_SIZE_VER0 + 16)
         throw Error(path, 16, "attr_size " + std::to_string(h.attr_size) + " is too small");
+    if (h.attrs.size % h.attr_size != 0)
+        throw Error(path, 16, "attrs section size " + std::to_string(h.attrs.size) + " is not a multiple of attr_size " +
+                                  std::to_string(h.attr_size));
     uint64_t n = h.attrs.size / h.attr_size;
+    if (n == 0) throw Error(path, 32, "the attrs section holds no event");
     Cursor c(file.subspan(h.attrs.offset, h.attrs.size), h.swap, &path, h.attrs.offset);
     for (uint64_t i = 0; i < n; ++i) {
         EventAttr ea;

@@ -46,7 +46,9 @@ struct GilRecording {
 }  // namespace
 
 TEST_CASE("wait = take_gil entry..return, held = return..next drop_gil entry, per thread") {
-    for (auto [group, suffix] : {std::pair<std::string, std::string>{"python", ""}, {"g39", "_1"}}) {
+    for (const auto& gs : {std::pair<std::string, std::string>{"python", ""}, {"g39", "_1"}}) {
+        const std::string& group = gs.first;
+        const std::string& suffix = gs.second;
         CAPTURE(group);
         GilRecording g(group, suffix);
         g.ev(g.take, 100, 11);
