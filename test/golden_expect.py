@@ -52,7 +52,13 @@ def lost_stats(path):
             lost_records = int(m.group(2))
         elif m.group(1) == "LOST_SAMPLES" and per_event:
             lost_samples += int(m.group(2))  # per-event sections hold the sample totals
-    return {"lost_records": lost_records, "lost_samples": lost_samples}
+    # Per CPU, as perf script --show-lost-events prints the LOST records.
+    per_cpu = {}
+    text = subprocess.run(["perf", "script", "-i", path, "--show-lost-events", "-F", "cpu,event"], check=True,
+                          capture_output=True, text=True).stdout
+    for m in re.finditer(r"\[(\d+)\]\s+PERF_RECORD_LOST lost (\d+)", text):
+        per_cpu[str(int(m.group(1)))] = per_cpu.get(str(int(m.group(1))), 0) + int(m.group(2))
+    return {"lost_records": lost_records, "lost_samples": lost_samples, "lost_by_cpu": per_cpu}
 
 
 def main(path):

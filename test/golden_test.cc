@@ -53,6 +53,9 @@ void check_golden(const std::string& name) {
     CHECK(counts.size() == exp["event_counts"].size());
     CHECK(a.stats.lost_records == exp["lost_records"].get<uint64_t>());
     CHECK(a.stats.lost_samples == exp["lost_samples"].get<uint64_t>());
+    std::map<std::string, uint64_t> per_cpu;
+    for (auto& [cpu, n] : a.stats.lost_by_cpu) per_cpu[std::to_string(cpu)] = n;
+    CHECK(per_cpu == exp["lost_by_cpu"].get<std::map<std::string, uint64_t>>());
     if (!exp.contains("threads")) return;
     size_t checked = 0;
     for (auto& item : exp["threads"].items()) {
