@@ -127,3 +127,27 @@ TEST_CASE("perf's build-id cache and --symfs are searched; a binary that is not 
     CHECK(missing.get(mapping_of("//anon")) == nullptr);
     CHECK(missing.problems().size() == 1);
 }
+
+TEST_CASE("load bias from the PT_LOAD holding the mapping's file offset (p_vaddr != p_offset)") {
+    // Debian's python3.11 is non-PIE: its text PT_LOAD has p_vaddr - p_offset = 0x400000,
+    // so `start - pgoff` (0x400000) is wrong and the bias is 0.
+    ModuleCache mc({});
+    Mapping m;
+    m.path = "/usr/bin/python3.11";
+    ElfFile elf(m.path);
+    const ElfSegment* text = nullptr;
+    for (const auto& s : elf.segments())
+        if (s.type == PT_LOAD && (s.flags & PF_X)) text = &s;
+    REQUIRE(text);
+    REQUIRE(text->vaddr != text->offset);
+    m.pgoff = text->offset & ~uint64_t{0xfff};
+    m.start = text->vaddr & ~uint64_t{0xfff};
+    m.end = m.start + text->memsz;
+    const Module* mod = mc.get(m);
+    REQUIRE(mod);
+    CHECK(mod->bias_for(m) == 0u);
+    // The same file mapped 0x10000 higher (as if relocated): the bias follows.
+    Mapping moved = m;
+    moved.start += 0x10000;
+    CHECK(mod->bias_for(moved) == 0x10000u);
+}

@@ -250,3 +250,34 @@ TEST_CASE("fuzz seeds: synthetic edge-case recordings") {
         }
     }
 }
+
+TEST_CASE("EVENT_UPDATE names an event; AUXTRACE's trailing bytes are skipped") {
+    SchedRecording r = small();
+    // PERF_RECORD_EVENT_UPDATE {u64 type = NAME (2), u64 id, char name[]}
+    Out u;
+    u.put<uint64_t>(2);
+    u.put<uint64_t>(r.w.attrs[r.wk].ids[0]);
+    u.str("renamed:waking");
+    u.pad(8);
+    r.w.record(PERF_RECORD_EVENT_UPDATE, 0, u.b);
+    // PERF_RECORD_AUXTRACE: header.size excludes the `size` bytes of trace data after it.
+    Out a;
+    a.put<uint64_t>(16);  // size of the trailing data
+    a.put<uint64_t>(0);
+    a.put<uint64_t>(0);
+    a.put<uint32_t>(0);
+    a.put<uint32_t>(0);
+    a.put<uint32_t>(0);
+    a.put<uint32_t>(0);
+    r.w.record(PERF_RECORD_AUXTRACE, 0, a.b);
+    r.w.records.back().insert(r.w.records.back().end(), 16, 0xee);  // the aux data itself
+    r.switch_(400, 0, 10, 12, 1, 0);
+    TempFile f(r.w.build());
+    Session s(f.path);
+    Times t;
+    s.run(t);
+    CHECK(s.events()[r.wk].name == "renamed:waking");
+    CHECK(s.stats().malformed == 0);
+    CHECK_FALSE(s.stats().truncated);
+    CHECK(t.times.back() == 400);  // the record after AUXTRACE was framed correctly
+}
