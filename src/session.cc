@@ -95,15 +95,21 @@ void Session::resolve_names_and_formats() {
             }
         }
         if (idx < 0 && d.ids.empty() && i < events_.size()) idx = static_cast<int>(i);
-        if (idx >= 0 && events_[idx].name.empty()) events_[idx].name = d.name;
+        if (idx >= 0 && !events_[idx].name_known) {
+            events_[idx].name = d.name;
+            events_[idx].name_known = true;
+        }
     }
     for (auto& ev : events_) {
         if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) ev.format = tracing_.by_id(ev.attr.config);
-        if (ev.name.empty()) {
-            if (ev.format)
+        if (!ev.name_known) {
+            // Until EVENT_DESC or the formats arrive (pipe mode), a placeholder.
+            if (ev.format) {
                 ev.name = ev.format->full_name();
-            else
+                ev.name_known = true;
+            } else {
                 ev.name = "type" + std::to_string(ev.attr.type) + ":config" + std::to_string(ev.attr.config);
+            }
         }
     }
 }
@@ -158,7 +164,10 @@ void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink&
         uint64_t id = c.read<uint64_t>();
         if (type == PERF_EVENT_UPDATE__NAME) {
             auto it = id_to_event_.find(id);
-            if (it != id_to_event_.end()) events_[it->second].name = std::string(c.fixed_string(c.left()));
+            if (it != id_to_event_.end()) {
+                events_[it->second].name = std::string(c.fixed_string(c.left()));
+                events_[it->second].name_known = true;
+            }
         }
         break;
     }

@@ -37,6 +37,7 @@ struct EventInfo {
     int index = 0;
     PerfEventAttr attr;
     std::string name;                 // "sched:sched_switch", "python:take_gil__return", ...
+    bool name_known = false;          // from EVENT_DESC / EVENT_UPDATE / the formats, not "typeN:configM"
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
 };
 

@@ -1,0 +1,749 @@
+// perfgen — writes a valid perf.data that looks like a large real capture, for
+// benchmarks: many CPUs and threads, sched_switch / sched_waking /
+// sched_wakeup / sched_process_fork and take_gil / drop_gil uprobe events with
+// plausible per-thread state sequences (a GIL per process, threads that wait
+// for it, sleep inside take_gil, hold it, drop it, block on I/O and get
+// preempted), written the way perf writes them: per-CPU runs inside rounds
+// closed by FINISHED_ROUND.
+//
+//   perfgen --cpus 64 --threads 1000 --seconds 10 -o big.data
+//   perfgen --events 200000 --pipe -z -o p.data
+//   perfgen --stacks --events 50000 -o s.data      # REGS_USER/STACK_USER copied from real samples
+//
+// Attrs, event names (EVENT_DESC) and tracepoint formats (TRACING_DATA) are
+// copied from a real recording made on this machine kind (--template; by
+// default testdata/gil_combined.data, or testdata/stacks_py311.data with
+// --stacks, whose sched_switch carries DWARF stacks). With --stacks each
+// generated process gets the template Python's mappings, so the copied
+// stacks unwind exactly as they did in the template.
+#include <cstdint>
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <zstd.h>
+
+#include "gilscan/header.h"
+#include "gilscan/perf_abi.h"
+#include "gilscan/sample.h"
+#include "gilscan/sched_events.h"
+#include "gilscan/session.h"
+
+using namespace gilscan;
+
+namespace {
+
+struct Args {
+    std::string tmpl, out = "perfgen.data";
+    unsigned cpus = 8, threads = 64, processes = 0;
+    double seconds = 0;
+    uint64_t events = 100000;
+    bool pipe = false, zstd = false, stacks = false;
+    uint64_t seed = 42;
+};
+
+struct Buf {
+    std::vector<uint8_t> b;
+    template <class T>
+    void put(T v) {
+        uint8_t t[sizeof(T)];
+        std::memcpy(t, &v, sizeof(T));
+        b.insert(b.end(), t, t + sizeof(T));
+    }
+    void bytes(const void* p, size_t n) {
+        auto* c = static_cast<const uint8_t*>(p);
+        b.insert(b.end(), c, c + n);
+    }
+    void pad8() {
+        while (b.size() % 8) b.push_back(0);
+    }
+};
+
+struct Ev {  // one template event and how to fill its payload
+    int index = -1;
+    PerfEventAttr attr;
+    uint64_t id = 0;
+    const TpFormat* fmt = nullptr;
+};
+
+// A copied stack sample (template sched_switch into S of a Python thread).
+struct StackCopy {
+    uint64_t ip = 0;
+    std::vector<uint8_t> callchain;  // nr + ips
+    std::vector<uint8_t> regs;       // abi + regs
+    std::vector<uint8_t> stack;      // size + data + dyn_size
+    uint64_t addr = 0, data_src = 0;
+};
+
+class Template {
+public:
+    explicit Template(const std::string& path) : s(path) {
+        struct Null : EventSink {
+            Template* t;
+            void on_sample(const Sample& smp, const EventInfo& ev) override { t->sample(smp, ev); }
+            void on_mmap(const MmapEvent& e) override { t->mmap(e); }
+        } n;
+        n.t = this;
+        // Keep the raw MMAP2 records of the template's Python process (file order).
+        s.run(n);
+        for (const auto& ev : s.events()) {
+            Ev e;
+            e.index = ev.index;
+            e.attr = ev.attr;
+            e.fmt = ev.format;
+            std::string name = ev.name;
+            std::string base = name.substr(name.find(':') + 1);
+            if (name == "sched:sched_switch") sw = e;
+            else if (name == "sched:sched_waking") waking = e;
+            else if (name == "sched:sched_wakeup") wakeup = e;
+            else if (name == "sched:sched_process_fork") fork = e;
+            else if (base == "take_gil") take = e;
+            else if (base == "take_gil__return") take_ret = e;
+            else if (base == "drop_gil") drop = e;
+            else if (base == "drop_gil__return") drop_ret = e;
+        }
+        for (Ev* e : {&sw, &waking, &wakeup, &fork, &take, &take_ret, &drop, &drop_ret})
+            if (e->index >= 0) e->id = ids_of(e->index);
+    }
+
+    uint64_t ids_of(int index) const {
+        // The first id perf gave this event (from the attr's ids section).
+        const FileHeader& h = s.header();
+        MappedFile f(s.path());
+        auto attrs = read_attrs(f.bytes(), h, s.path());
+        return attrs[static_cast<size_t>(index)].ids.empty() ? 0 : attrs[static_cast<size_t>(index)].ids[0];
+    }
+
+    void sample(const Sample& smp, const EventInfo& ev) {
+        if (ev.name != "sched:sched_switch" || smp.stack_user.empty() || smp.regs_user_abi == 0) return;
+        SchedSwitch x;
+        if (!dec.decode(smp, ev, s.swap(), x) || x.prev_state != 1) return;
+        if (python_pid == 0) python_pid = smp.pid;
+        if (smp.pid != python_pid) return;
+        StackCopy c;
+        c.ip = smp.ip;
+        c.addr = smp.addr;
+        c.data_src = smp.data_src;
+        Buf cc;
+        cc.put<uint64_t>(smp.callchain.size());
+        cc.bytes(smp.callchain.bytes.data(), smp.callchain.bytes.size());
+        c.callchain = cc.b;
+        Buf rg;
+        rg.put<uint64_t>(smp.regs_user_abi);
+        rg.bytes(smp.regs_user.bytes.data(), smp.regs_user.bytes.size());
+        c.regs = rg.b;
+        Buf st;
+        st.put<uint64_t>(smp.stack_user_size);
+        st.bytes(smp.stack_user.data(), smp.stack_user.size());
+        for (uint64_t k = smp.stack_user.size(); k < smp.stack_user_size; ++k) st.b.push_back(0);
+        st.put<uint64_t>(smp.stack_user.size());
+        c.stack = st.b;
+        if (stacks.size() < 4096) stacks.push_back(std::move(c));
+    }
+
+    void mmap(const MmapEvent& e) {
+        if (e.mmap2 && e.executable && e.filename.size() && e.filename[0] == '/') maps.push_back(e);
+        // filename views point into the template mapping, kept alive by `s`.
+    }
+
+    Session s;
+    TracepointDecoder dec;
+    Ev sw, waking, wakeup, fork, take, take_ret, drop, drop_ret;
+    std::vector<StackCopy> stacks;
+    std::vector<MmapEvent> maps;
+    int32_t python_pid = 0;
+};
+
+enum class St { Runnable, RunNoGil, InTake, HoldGil, Sleeping, GilSleep };
+
+struct Thread {
+    int32_t pid, tid;
+    St st = St::Runnable;
+    bool in_take = false;  // switched out inside take_gil: resumes there
+    uint64_t wake_at = 0;
+    int cpu = -1;
+};
+
+class Gen {
+public:
+    Gen(const Args& a, Template& t) : a_(a), t_(t), rng_(a.seed) {}
+
+    // Whole-record helpers (header + body), for the data stream.
+    void record(uint32_t type, uint16_t misc, const Buf& body) {
+        Buf r;
+        r.put<uint32_t>(type);
+        r.put<uint16_t>(misc);
+        r.put<uint16_t>(static_cast<uint16_t>(8 + body.b.size()));
+        r.bytes(body.b.data(), body.b.size());
+        round_.insert(round_.end(), r.b.begin(), r.b.end());
+    }
+
+    void trailer(Buf& o, int32_t pid, int32_t tid, uint64_t time, uint32_t cpu) {
+        const Ev& e = t_.sw;
+        const uint64_t st = e.attr.sample_type;
+        if (st & PERF_SAMPLE_TID) {
+            o.put<int32_t>(pid);
+            o.put<int32_t>(tid);
+        }
+        if (st & PERF_SAMPLE_TIME) o.put<uint64_t>(time);
+        if (st & PERF_SAMPLE_ID) o.put<uint64_t>(e.id);
+        if (st & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(e.id);
+        if (st & PERF_SAMPLE_CPU) {
+            o.put<uint32_t>(cpu);
+            o.put<uint32_t>(0);
+        }
+        if (st & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(e.id);
+    }
+
+    struct Field {
+        const char* name;
+        int64_t v;
+        const char* str;
+    };
+
+    std::vector<uint8_t> raw(const Ev& e, std::initializer_list<Field> fields) {
+        const TpFormat& f = *e.fmt;
+        size_t size = 0;
+        for (const auto& fl : f.fields) size = std::max<size_t>(size, fl.offset + fl.size);
+        std::vector<uint8_t> r(size, 0);
+        auto put = [&](const TpField& fl, uint64_t v) {
+            if (fl.offset + fl.size > r.size()) return;
+            std::memcpy(r.data() + fl.offset, &v, std::min<size_t>(fl.size, 8));
+        };
+        if (const TpField* ct = f.field("common_type")) put(*ct, f.id);
+        for (const auto& x : fields) {
+            const TpField* fl = f.field(x.name);
+            if (!fl) continue;
+            if (x.str && fl->data_loc) {
+                uint32_t off = static_cast<uint32_t>(r.size()), len = static_cast<uint32_t>(std::strlen(x.str) + 1);
+                r.insert(r.end(), x.str, x.str + len);
+                put(*fl, (uint64_t{len} << 16) | off);
+            } else if (x.str) {
+                std::memcpy(r.data() + fl->offset, x.str, std::min<size_t>(std::strlen(x.str), fl->size - 1));
+            } else {
+                put(*fl, static_cast<uint64_t>(x.v));
+            }
+        }
+        while ((r.size() + 4) % 8) r.push_back(0);
+        return r;
+    }
+
+    void sample(const Ev& e, int32_t pid, int32_t tid, uint32_t cpu, uint64_t time, const std::vector<uint8_t>& raw,
+                const StackCopy* stack = nullptr) {
+        const uint64_t st = e.attr.sample_type;
+        Buf o;
+        if (st & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(e.id);
+        if (st & PERF_SAMPLE_IP) o.put<uint64_t>(stack ? stack->ip : 0xffffffff81000000ull);
+        if (st & PERF_SAMPLE_TID) {
+            o.put<int32_t>(pid);
+            o.put<int32_t>(tid);
+        }
+        if (st & PERF_SAMPLE_TIME) o.put<uint64_t>(time);
+        if (st & PERF_SAMPLE_ADDR) o.put<uint64_t>(stack ? stack->addr : 0);
+        if (st & PERF_SAMPLE_ID) o.put<uint64_t>(e.id);
+        if (st & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(e.id);
+        if (st & PERF_SAMPLE_CPU) {
+            o.put<uint32_t>(cpu);
+            o.put<uint32_t>(0);
+        }
+        if (st & PERF_SAMPLE_PERIOD) o.put<uint64_t>(1);
+        if (st & PERF_SAMPLE_CALLCHAIN) {
+            if (stack) o.bytes(stack->callchain.data(), stack->callchain.size());
+            else o.put<uint64_t>(0);
+        }
+        if (st & PERF_SAMPLE_RAW) {
+            o.put<uint32_t>(static_cast<uint32_t>(raw.size()));
+            o.bytes(raw.data(), raw.size());
+        }
+        if (st & PERF_SAMPLE_REGS_USER) {
+            if (stack) o.bytes(stack->regs.data(), stack->regs.size());
+            else o.put<uint64_t>(0);
+        }
+        if (st & PERF_SAMPLE_STACK_USER) {
+            if (stack) o.bytes(stack->stack.data(), stack->stack.size());
+            else o.put<uint64_t>(0);
+        }
+        if (st & PERF_SAMPLE_DATA_SRC) o.put<uint64_t>(stack ? stack->data_src : 0);
+        record(PERF_RECORD_SAMPLE, 1 /* PERF_RECORD_MISC_KERNEL */, o);
+        ++samples_;
+    }
+
+    void comm(int32_t pid, int32_t tid, const char* name, uint64_t time, bool exec) {
+        Buf o;
+        o.put<int32_t>(pid);
+        o.put<int32_t>(tid);
+        o.bytes(name, std::strlen(name) + 1);
+        o.pad8();
+        trailer(o, pid, tid, time, 0);
+        record(PERF_RECORD_COMM, exec ? PERF_RECORD_MISC_COMM_EXEC : 0, o);
+    }
+
+    void fork_rec(int32_t pid, int32_t ppid, int32_t tid, int32_t ptid, uint64_t time) {
+        Buf o;
+        o.put<int32_t>(pid);
+        o.put<int32_t>(ppid);
+        o.put<int32_t>(tid);
+        o.put<int32_t>(ptid);
+        o.put<uint64_t>(time);
+        trailer(o, pid, tid, time, 0);
+        record(PERF_RECORD_FORK, 0, o);
+    }
+
+    void mmap2(int32_t pid, const MmapEvent& m, uint64_t time) {
+        Buf o;
+        o.put<int32_t>(pid);
+        o.put<int32_t>(pid);
+        o.put<uint64_t>(m.start);
+        o.put<uint64_t>(m.len);
+        o.put<uint64_t>(m.pgoff);
+        o.put<uint32_t>(m.maj);
+        o.put<uint32_t>(m.min);
+        o.put<uint64_t>(m.ino);
+        o.put<uint64_t>(m.ino_generation);
+        o.put<uint32_t>(m.prot);
+        o.put<uint32_t>(m.flags);
+        o.bytes(m.filename.data(), m.filename.size());
+        o.b.push_back(0);
+        o.pad8();
+        trailer(o, pid, pid, time, 0);
+        record(PERF_RECORD_MMAP2, 2 /* USER */, o);
+    }
+
+    // Runs the simulation; `flush` receives each round's bytes (records + FINISHED_ROUND).
+    template <class Flush>
+    void run(Flush&& flush) {
+        const unsigned nproc = a_.processes ? a_.processes : std::max(1u, a_.threads / 16);
+        const uint64_t end_time = a_.seconds > 0 ? static_cast<uint64_t>(a_.seconds * 1e9) : ~uint64_t{0};
+        const uint64_t t0 = 1'000'000'000'000ull;  // a plausible CLOCK_MONOTONIC start
+        threads_.reserve(a_.threads);
+        for (unsigned i = 0; i < a_.threads; ++i) {
+            int32_t pid = 100000 + static_cast<int32_t>(i % nproc) * 1000;
+            int32_t tid = pid + static_cast<int32_t>(i / nproc);
+            threads_.push_back(Thread{pid, tid});
+        }
+        holder_.assign(nproc, -1);
+        // Synthesized task records, as perf writes them at the start.
+        for (unsigned p = 0; p < nproc; ++p) {
+            int32_t pid = threads_[p].pid;
+            comm(pid, pid, "python3", t0, true);
+            if (a_.stacks)
+                for (const auto& m : t_.maps) mmap2(pid, m, t0);
+        }
+        for (const auto& th : threads_)
+            if (th.tid != th.pid) {
+                fork_rec(th.pid, th.pid, th.tid, th.pid, t0);
+                comm(th.pid, th.tid, "python3", t0, false);
+            }
+        std::vector<uint64_t> cpu_time(a_.cpus, t0);
+        std::vector<int> running(a_.cpus, -1);
+        std::vector<std::vector<uint8_t>> per_cpu(a_.cpus);
+        uint64_t round_end = t0 + 50'000'000;  // 50 ms rounds
+        flush(round_);
+        round_.clear();
+        std::uniform_int_distribution<int> pct(0, 99);
+        std::uniform_int_distribution<uint64_t> small(2'000, 60'000);
+        auto take_runnable = [&]() -> int {
+            // Rotate through threads: the next runnable one after the cursor.
+            for (size_t k = 0; k < threads_.size(); ++k) {
+                size_t i = (rr_ + k) % threads_.size();
+                if (threads_[i].st == St::Runnable) {
+                    rr_ = i + 1;
+                    return static_cast<int>(i);
+                }
+            }
+            return -1;
+        };
+        // Each CPU's next action time is drawn ahead; the earliest acts, so
+        // events come out in global time order (a step's own events are 1 ns apart).
+        for (auto& ct : cpu_time) ct += small(rng_);
+        while (samples_ < a_.events || a_.seconds > 0) {
+            unsigned c = 0;
+            for (unsigned k = 1; k < a_.cpus; ++k)
+                if (cpu_time[k] < cpu_time[c]) c = k;
+            const uint64_t t = cpu_time[c];
+            if (t - t0 > end_time) break;
+            std::swap(round_, per_cpu[c]);
+            step(c, t, running, take_runnable, pct);
+            std::swap(round_, per_cpu[c]);
+            cpu_time[c] = t + 16 + small(rng_);
+            if (t >= round_end) {
+                // perf writes each CPU's buffer in turn, then FINISHED_ROUND.
+                for (auto& b : per_cpu) {
+                    round_.insert(round_.end(), b.begin(), b.end());
+                    b.clear();
+                }
+                Buf none;
+                record(PERF_RECORD_FINISHED_ROUND, 0, none);
+                flush(round_);
+                round_.clear();
+                round_end += 50'000'000;
+            }
+        }
+        for (auto& b : per_cpu) round_.insert(round_.end(), b.begin(), b.end());
+        Buf none;
+        record(PERF_RECORD_FINISHED_ROUND, 0, none);
+        flush(round_);
+        round_.clear();
+    }
+
+    uint64_t samples() const { return samples_; }
+
+private:
+    template <class TakeRunnable, class Pct>
+    void step(unsigned c, uint64_t t, std::vector<int>& running, TakeRunnable& take_runnable, Pct& pct) {
+        // Wake threads whose I/O finished (from this CPU's context).
+        for (int k = 0; k < 4; ++k) {
+            size_t i = rng_() % threads_.size();
+            Thread& w = threads_[i];
+            if (w.st == St::Sleeping && w.wake_at <= t) wake(c, t, running[c], static_cast<int>(i));
+        }
+        int cur = running[c];
+        if (cur < 0) {  // idle: schedule someone
+            int n = take_runnable();
+            if (n < 0) return;
+            switch_(c, t, -1, 0, n, running);
+            return;
+        }
+        Thread& th = threads_[static_cast<size_t>(cur)];
+        const size_t proc = static_cast<size_t>((th.pid - 100000) / 1000);
+        const int r = pct(rng_);
+        switch (th.st) {
+        case St::RunNoGil:
+            ev(t_.take, th, c, t);
+            th.st = St::InTake;
+            break;
+        case St::InTake:
+            if (holder_[proc] < 0) {
+                ev(t_.take_ret, th, c, t);
+                holder_[proc] = cur;
+                th.st = St::HoldGil;
+            } else {
+                // Waits for the GIL asleep in take_gil; woken when the holder drops.
+                th.st = St::GilSleep;
+                th.in_take = true;
+                int n = take_runnable();
+                switch_(c, t, cur, 1, n, running);
+            }
+            break;
+        case St::HoldGil:
+            if (r < 70) break;  // keeps running Python
+            ev(t_.drop, th, c, t);
+            ev(t_.drop_ret, th, c, t + 2);
+            holder_[proc] = -1;
+            // Hand the GIL over: wake one thread asleep in take_gil of this process.
+            for (size_t k = 0; k < threads_.size(); ++k) {
+                size_t i = (proc + k * 7919) % threads_.size();
+                if (threads_[i].st == St::GilSleep && threads_[i].pid == th.pid) {
+                    threads_[i].st = St::Sleeping;
+                    threads_[i].wake_at = 0;
+                    wake(c, t + 3, cur, static_cast<int>(i));
+                    break;
+                }
+            }
+            if (r < 85) {  // blocking I/O: sleep without the GIL
+                th.st = St::Sleeping;
+                th.wake_at = t + 50'000 + rng_() % 2'000'000;
+                int n = take_runnable();
+                switch_(c, t + 6, cur, 1, n, running);
+            } else if (r < 90) {  // preempted
+                th.st = St::Runnable;
+                int n = take_runnable();
+                switch_(c, t + 6, cur, 0, n, running);
+            } else {
+                th.st = St::RunNoGil;
+            }
+            break;
+        default: break;
+        }
+    }
+
+    void ev(const Ev& e, const Thread& th, unsigned c, uint64_t t) {
+        if (e.index < 0) return;
+        const bool ret = e.fmt && e.fmt->field("__probe_ret_ip");
+        std::vector<uint8_t> r = ret ? raw(e, {{"__probe_func", 0x7f0000100000, nullptr}, {"__probe_ret_ip", 0x7f0000100400, nullptr}})
+                                     : raw(e, {{"__probe_ip", 0x7f0000100000, nullptr}});
+        sample(e, th.pid, th.tid, c, t, r);
+    }
+
+    void wake(unsigned c, uint64_t t, int waker, int target) {
+        Thread& w = threads_[static_cast<size_t>(target)];
+        int32_t wpid = waker >= 0 ? threads_[static_cast<size_t>(waker)].pid : 0;
+        int32_t wtid = waker >= 0 ? threads_[static_cast<size_t>(waker)].tid : 0;
+        auto r = [&](const Ev& e) {
+            return raw(e, {{"comm", 0, "python3"}, {"pid", w.tid, nullptr}, {"prio", 120, nullptr},
+                           {"target_cpu", static_cast<int64_t>(c), nullptr}});
+        };
+        if (t_.waking.index >= 0) sample(t_.waking, wpid, wtid, c, t, r(t_.waking));
+        if (t_.wakeup.index >= 0) sample(t_.wakeup, wpid, wtid, c, t + 1, r(t_.wakeup));
+        w.st = St::Runnable;
+    }
+
+    void switch_(unsigned c, uint64_t t, int prev, int64_t state, int next, std::vector<int>& running) {
+        const Thread* p = prev >= 0 ? &threads_[static_cast<size_t>(prev)] : nullptr;
+        const Thread* n = next >= 0 ? &threads_[static_cast<size_t>(next)] : nullptr;
+        std::vector<uint8_t> r = raw(t_.sw, {{"prev_comm", 0, p ? "python3" : "swapper/0"},
+                                             {"prev_pid", p ? p->tid : 0, nullptr},
+                                             {"prev_prio", 120, nullptr},
+                                             {"prev_state", state, nullptr},
+                                             {"next_comm", 0, n ? "python3" : "swapper/0"},
+                                             {"next_pid", n ? n->tid : 0, nullptr},
+                                             {"next_prio", 120, nullptr}});
+        const StackCopy* stack = nullptr;
+        if (a_.stacks && p && state == 1 && !t_.stacks.empty()) stack = &t_.stacks[rng_() % t_.stacks.size()];
+        sample(t_.sw, p ? p->pid : 0, p ? p->tid : 0, c, t, r, stack);
+        running[c] = next;
+        if (n) {
+            Thread& nt = threads_[static_cast<size_t>(next)];
+            nt.st = nt.in_take ? St::InTake : St::RunNoGil;  // back where it slept
+            nt.in_take = false;
+        }
+    }
+
+    const Args& a_;
+    Template& t_;
+    std::mt19937_64 rng_;
+    std::vector<Thread> threads_;
+    std::vector<int> holder_;
+    std::vector<uint8_t> round_;
+    size_t rr_ = 0;
+    uint64_t samples_ = 0;
+};
+
+[[noreturn]] void usage(const char* why) {
+    std::fprintf(stderr,
+                 "perfgen: %s\nusage: perfgen [--template F] [--cpus N] [--threads N] [--processes N]\n"
+                 "               [--seconds S | --events N] [--pipe] [-z] [--stacks] [--seed N] -o OUT\n",
+                 why);
+    std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Args a;
+    for (int i = 1; i < argc; ++i) {
+        std::string s = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) usage("missing value");
+            return argv[++i];
+        };
+        if (s == "--template") a.tmpl = val();
+        else if (s == "--cpus") a.cpus = static_cast<unsigned>(std::stoul(val()));
+        else if (s == "--threads") a.threads = static_cast<unsigned>(std::stoul(val()));
+        else if (s == "--processes") a.processes = static_cast<unsigned>(std::stoul(val()));
+        else if (s == "--seconds") a.seconds = std::stod(val());
+        else if (s == "--events") a.events = std::stoull(val());
+        else if (s == "--seed") a.seed = std::stoull(val());
+        else if (s == "--pipe") a.pipe = true;
+        else if (s == "-z") a.zstd = true;
+        else if (s == "--stacks") a.stacks = true;
+        else if (s == "-o") a.out = val();
+        else usage(("unknown option " + s).c_str());
+    }
+    if (a.cpus == 0 || a.threads == 0) usage("--cpus and --threads must be positive");
+    if (a.tmpl.empty())
+        a.tmpl = std::string(GILSCAN_TESTDATA) + (a.stacks ? "/stacks_py311.data" : "/gil_combined.data");
+    try {
+        Template t(a.tmpl);
+        if (!t.sw.fmt) usage("the template has no sched:sched_switch");
+        if (a.stacks && t.stacks.empty()) usage("--stacks needs a template whose sched_switch carries user stacks");
+        MappedFile tf(a.tmpl);
+        FileHeader th = read_file_header(tf.bytes(), a.tmpl);
+        if (th.pipe) usage("the template must be a file-mode recording");
+        auto attrs = read_attrs(tf.bytes(), th, a.tmpl);
+        auto feats = read_feature_table(tf.bytes(), th, a.tmpl);
+
+        FILE* out = std::fopen(a.out.c_str(), "wb");
+        if (!out) usage("cannot write the output");
+        auto write = [&](const void* p, size_t n) {
+            if (n && std::fwrite(p, 1, n, out) != n) usage("write failed");
+        };
+        uint64_t data_bytes = 0;
+        // zstd: one streaming context for the whole file, COMPRESSED records
+        // of at most mmap_len input bytes, so records straddle chunks as in perf -z.
+        const size_t kMmapLen = 528384;
+        ZSTD_CCtx* cctx = a.zstd ? ZSTD_createCCtx() : nullptr;
+        std::vector<uint8_t> pending;
+        auto emit_data = [&](const std::vector<uint8_t>& bytes) {
+            if (!a.zstd) {
+                write(bytes.data(), bytes.size());
+                data_bytes += bytes.size();
+                return;
+            }
+            pending.insert(pending.end(), bytes.begin(), bytes.end());
+            size_t off = 0;
+            while (pending.size() - off >= kMmapLen / 2) {
+                size_t n = std::min(pending.size() - off, kMmapLen / 2);
+                std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
+                ZSTD_inBuffer in{pending.data() + off, n, 0};
+                ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
+                while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
+                // A record is < 64 KiB: split the compressed bytes over several records.
+                for (size_t p = 0; p < ob.pos; p += 65000) {
+                    size_t len = std::min<size_t>(65000, ob.pos - p);
+                    Buf r;
+                    r.put<uint32_t>(PERF_RECORD_COMPRESSED);
+                    r.put<uint16_t>(0);
+                    r.put<uint16_t>(static_cast<uint16_t>(8 + len));
+                    r.bytes(comp.data() + p, len);
+                    write(r.b.data(), r.b.size());
+                    data_bytes += r.b.size();
+                }
+                off += n;
+            }
+            pending.erase(pending.begin(), pending.begin() + static_cast<long>(off));
+        };
+
+        std::vector<uint8_t> header(a.pipe ? 16 : 104, 0);
+        std::memcpy(header.data(), "PERFILE2", 8);
+        uint64_t hs = a.pipe ? 16 : 104;
+        std::memcpy(header.data() + 8, &hs, 8);
+        write(header.data(), header.size());
+        uint64_t attrs_off = 0, ids_base = header.size();
+        if (a.pipe) {
+            // Attrs, tracing data and features as records.
+            for (const auto& ea : attrs) {
+                Buf body;
+                // the attr bytes exactly as in the template
+                const uint8_t* ap = tf.bytes().data() + th.attrs.offset + (&ea - attrs.data()) * th.attr_size;
+                body.bytes(ap, ea.attr.size);
+                for (uint64_t id : ea.ids) body.put<uint64_t>(id);
+                Buf r;
+                r.put<uint32_t>(PERF_RECORD_HEADER_ATTR);
+                r.put<uint16_t>(0);
+                r.put<uint16_t>(static_cast<uint16_t>(8 + body.b.size()));
+                r.bytes(body.b.data(), body.b.size());
+                write(r.b.data(), r.b.size());
+            }
+            for (const auto& f : feats) {
+                Bytes fb = tf.bytes().subspan(f.section.offset, f.section.size);
+                if (f.feature == HEADER_TRACING_DATA) {
+                    Buf r;
+                    r.put<uint32_t>(PERF_RECORD_HEADER_TRACING_DATA);
+                    r.put<uint16_t>(0);
+                    r.put<uint16_t>(12);
+                    size_t padded = (fb.size() + 7) / 8 * 8;
+                    r.put<uint32_t>(static_cast<uint32_t>(padded));
+                    r.bytes(fb.data(), fb.size());
+                    r.b.resize(r.b.size() + padded - fb.size(), 0);
+                    write(r.b.data(), r.b.size());
+                } else if (f.feature == HEADER_EVENT_DESC || f.feature == HEADER_CMDLINE ||
+                           f.feature == HEADER_HOSTNAME || f.feature == HEADER_CLOCKID || f.feature == HEADER_CLOCK_DATA) {
+                    if (fb.size() + 16 > 65535) continue;
+                    Buf r;
+                    r.put<uint32_t>(PERF_RECORD_HEADER_FEATURE);
+                    r.put<uint16_t>(0);
+                    r.put<uint16_t>(static_cast<uint16_t>(16 + (fb.size() + 7) / 8 * 8));
+                    r.put<uint64_t>(f.feature);
+                    r.bytes(fb.data(), fb.size());
+                    r.pad8();
+                    write(r.b.data(), r.b.size());
+                }
+            }
+            if (a.zstd) {
+                Buf r;
+                r.put<uint32_t>(PERF_RECORD_HEADER_FEATURE);
+                r.put<uint16_t>(0);
+                r.put<uint16_t>(16 + 24);
+                r.put<uint64_t>(HEADER_COMPRESSED);
+                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen), 0u}) r.put<uint32_t>(x);
+                write(r.b.data(), r.b.size());
+            }
+        } else {
+            // ids sections, then the attrs section (attr bytes as in the template).
+            std::vector<uint64_t> ids_off;
+            Buf ids;
+            for (const auto& ea : attrs) {
+                ids_off.push_back(ids_base + ids.b.size());
+                for (uint64_t id : ea.ids) ids.put<uint64_t>(id);
+            }
+            write(ids.b.data(), ids.b.size());
+            attrs_off = ids_base + ids.b.size();
+            Buf as;
+            for (size_t k = 0; k < attrs.size(); ++k) {
+                const uint8_t* ap = tf.bytes().data() + th.attrs.offset + k * th.attr_size;
+                as.bytes(ap, th.attr_size - 16);
+                as.put<uint64_t>(ids_off[k]);
+                as.put<uint64_t>(attrs[k].ids.size() * 8);
+            }
+            write(as.b.data(), as.b.size());
+            uint64_t data_off = attrs_off + as.b.size();
+            // header fields filled in at the end
+            header.resize(104);
+            uint64_t v[5] = {th.attr_size, attrs_off, as.b.size(), data_off, 0};
+            std::memcpy(header.data() + 16, &v[0], 8);
+            std::memcpy(header.data() + 24, &v[1], 8);
+            std::memcpy(header.data() + 32, &v[2], 8);
+            std::memcpy(header.data() + 40, &v[3], 8);
+        }
+        Gen g(a, t);
+        g.run(emit_data);
+        if (a.zstd && !pending.empty()) {
+            // the tail
+            std::vector<uint8_t> rest;
+            rest.swap(pending);
+            pending.clear();
+            size_t n = rest.size();
+            std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
+            ZSTD_inBuffer in{rest.data(), n, 0};
+            ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
+            while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
+            for (size_t p = 0; p < ob.pos; p += 65000) {
+                size_t len = std::min<size_t>(65000, ob.pos - p);
+                Buf r;
+                r.put<uint32_t>(PERF_RECORD_COMPRESSED);
+                r.put<uint16_t>(0);
+                r.put<uint16_t>(static_cast<uint16_t>(8 + len));
+                r.bytes(comp.data() + p, len);
+                write(r.b.data(), r.b.size());
+                data_bytes += r.b.size();
+            }
+        }
+        if (cctx) ZSTD_freeCCtx(cctx);
+        if (!a.pipe) {
+            // Features after the data: the template's, plus COMPRESSED for -z.
+            std::vector<std::pair<unsigned, std::vector<uint8_t>>> fs;
+            for (const auto& f : feats) {
+                if (f.feature == HEADER_COMPRESSED || f.feature == HEADER_SAMPLE_TIME) continue;
+                Bytes fb = tf.bytes().subspan(f.section.offset, f.section.size);
+                if (f.feature == HEADER_BUILD_ID) continue;  // the generated pids do not match
+                fs.emplace_back(f.feature, std::vector<uint8_t>(fb.begin(), fb.end()));
+            }
+            if (a.zstd) {
+                Buf c;
+                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen)}) c.put<uint32_t>(x);
+                fs.emplace_back(HEADER_COMPRESSED, c.b);
+            }
+            std::sort(fs.begin(), fs.end(), [](auto& x, auto& y) { return x.first < y.first; });
+            uint64_t data_off;
+            std::memcpy(&data_off, header.data() + 40, 8);
+            uint64_t table = data_off + data_bytes;
+            uint64_t payload = table + fs.size() * 16;
+            Buf tab;
+            for (auto& f : fs) {
+                tab.put<uint64_t>(payload);
+                tab.put<uint64_t>(f.second.size());
+                payload += f.second.size();
+            }
+            write(tab.b.data(), tab.b.size());
+            for (auto& f : fs) write(f.second.data(), f.second.size());
+            std::memcpy(header.data() + 48, &data_bytes, 8);
+            uint64_t bits[4] = {};
+            for (auto& f : fs) bits[f.first / 64] |= 1ull << (f.first % 64);
+            std::memcpy(header.data() + 72, bits, sizeof bits);
+            std::fseek(out, 0, SEEK_SET);
+            write(header.data(), 104);
+        }
+        std::fclose(out);
+        std::fprintf(stderr, "perfgen: %s: %llu samples, %llu data bytes%s%s%s\n", a.out.c_str(),
+                     static_cast<unsigned long long>(g.samples()), static_cast<unsigned long long>(data_bytes),
+                     a.pipe ? ", pipe mode" : "", a.zstd ? ", zstd" : "", a.stacks ? ", with stacks" : "");
+    } catch (const Error& e) {
+        std::fprintf(stderr, "perfgen: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
