@@ -54,6 +54,7 @@ struct Buf {
         b.insert(b.end(), t, t + sizeof(T));
     }
     void bytes(const void* p, size_t n) {
+        if (n == 0) return;
         auto* c = static_cast<const uint8_t*>(p);
         b.insert(b.end(), c, c + n);
     }

@@ -136,7 +136,7 @@ int Session::event_for(const RawRecord& r) {
 }
 
 void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink) {
-    auto deliver = [&](const QueuedRecord& qr) { this->deliver(qr.rec, qr.attr_index, sink); };
+    auto deliver = [&](const RawRecord& rec, int ev) { this->deliver(rec, ev, sink); };
     Cursor c(r.body, header_.swap, &file_.path(), r.offset + 8);
     switch (r.type) {
     case PERF_RECORD_FINISHED_ROUND: q.finished_round(deliver); break;
@@ -185,9 +185,9 @@ void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
     RecordStream rs(file_.bytes(), begin, end, header_.swap, file_.path());
-    OrderedQueue q;
-    auto deliver = [&](const QueuedRecord& qr) { this->deliver(qr.rec, qr.attr_index, sink); };
-    uint64_t seq = 0, released = begin;
+    OrderedQueue q(4u << 20, header_.swap);
+    auto deliver = [&](const RawRecord& rec, int ev) { this->deliver(rec, ev, sink); };
+    uint64_t released = begin;
     uint64_t next_progress = begin;
     const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
     RawRecord r;
@@ -236,7 +236,7 @@ void Session::run(EventSink& sink) {
             this->deliver(r, ev, sink);  // as perf does for records without a time
             continue;
         }
-        q.push(QueuedRecord{time, seq++, r, ev}, deliver);
+        q.push(time, r, ev, deliver);
         if (!header_.pipe && rs.position() - released > kReleaseEvery) {
             uint64_t lo = q.lowest_offset(rs.position());
             if (lo > released) {

@@ -128,6 +128,18 @@ with tempfile.TemporaryDirectory() as tmp:
     w = lines[0]["warnings"]
     check(w.count("libpython3.11.so.1.0: not found") == 1, f"missing module said once ({w[:300]})")
 
+    # Compressed traces by file name, identical once decompressed
+    import gzip
+    for ext in ("json.gz", "json.zst"):
+        out = os.path.join(tmp, "trace." + ext)
+        r = run(os.path.join(DATA, "plain.data"), "-o", out, "-q")
+        check(r.returncode == 0 and os.path.getsize(out) > 0, f"-o trace.{ext}")
+    plain_trace = os.path.join(tmp, "trace.json")
+    run(os.path.join(DATA, "plain.data"), "-o", plain_trace, "-q")
+    check(gzip.open(os.path.join(tmp, "trace.json.gz")).read() == open(plain_trace, "rb").read(), ".json.gz content")
+    unz = subprocess.run(["zstd", "-dc", os.path.join(tmp, "trace.json.zst")], capture_output=True).stdout
+    check(unz == open(plain_trace, "rb").read(), ".json.zst content")
+
     # Truncated: partial results, warning with the byte offset, exit 0
     r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
     check(r.returncode == 0, "truncated file exits 0")

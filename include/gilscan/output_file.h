@@ -6,10 +6,12 @@
 //   out.write(buf, n);        // buffered
 //   out.commit();             // flush, fsync-free rename into place
 //
-// "-" writes to stdout (no atomicity possible there).
+// "-" writes to stdout (no atomicity possible there). A name ending in
+// ".gz" is written gzip-compressed (zlib), ".zst" zstd-compressed, streamed.
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +33,9 @@ public:
 
 private:
     void flush_buffer();
+    void sink(const char* data, size_t n, bool finish);  // compress (or not) and write
+    struct Codec;
+    std::unique_ptr<Codec> codec_;
     std::string path_, tmp_;
     std::FILE* f_ = nullptr;
     std::vector<char> buf_;
