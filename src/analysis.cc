@@ -6,6 +6,7 @@
 #include "gilscan/gil_stacks.h"
 #include "gilscan/modules.h"
 #include "gilscan/output_file.h"
+#include "gilscan/perf_abi.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
@@ -43,7 +44,24 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         mopt.build_ids[b.filename] = id;
     }
     ModuleCache modules(mopt);
-    GilStackClassifier stacks(maps, modules, opt.sleep_stacks, session.features().os_release);
+    GilStackClassifier stacks(&maps, modules, opt.sleep_stacks, session.features().os_release);
+
+    // -j N: unwind the sleep stacks on N workers in a first pass over the
+    // recording (only when stacks may label the sleeps and there are any).
+    std::unique_ptr<ParallelStackClassifier> parallel;
+    bool may_need_stacks = opt.gil_evidence != "probes";
+    bool has_stack_attr = session.header().pipe;  // pipe mode: the attrs come later
+    for (const auto& ev : session.events()) {
+        if (opt.gil_evidence == "auto" && gil_probe_kind(ev.name) != TpKind::Other) may_need_stacks = false;
+        if (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) has_stack_attr = true;
+    }
+    if (opt.jobs > 1 && may_need_stacks && has_stack_attr) {
+        parallel = std::make_unique<ParallelStackClassifier>(opt.jobs, mopt, opt.sleep_stacks,
+                                                             session.features().os_release);
+        Session first(opt.input);
+        first.run(*parallel);
+        parallel->finish();
+    }
     GilTracker gil(trace.get());
     Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);
     auto by_probes = gil_probe_classifier(gil);
@@ -56,7 +74,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         }
         if (s.regs_user_abi == 0 || s.stack_user.empty()) return SleepLabel{};
         evidence_used = "stacks";
-        return stacks.classify(s, ev, ps);
+        return parallel ? parallel->label(s, ps) : stacks.classify(s, ev, ps);
     });
     FanOut stages({&maps, &gil, &timeline});
     session.run(stages);
@@ -67,14 +85,16 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // 8. Outputs.
     const auto threads = timeline.threads();
     FileSummary summary = build_summary(session, threads, opt.pids, &gil);
-    summary.stack_stats = stacks.stats();
-    for (const auto& p : modules.problems()) summary.warnings.push_back("cannot unwind through " + p);
-    if (stacks.stats().stopped_early + stacks.stats().failed)
-        summary.warnings.push_back(std::to_string(stacks.stats().stopped_early + stacks.stats().failed) + " of " +
-                                   std::to_string(stacks.stats().sleeps_seen) +
+    const StackStats sst = parallel ? parallel->stats() : stacks.stats();
+    summary.stack_stats = sst;
+    for (const auto& p : parallel ? parallel->problems() : modules.problems())
+        summary.warnings.push_back("cannot unwind through " + p);
+    if (sst.stopped_early + sst.failed)
+        summary.warnings.push_back(std::to_string(sst.stopped_early + sst.failed) + " of " +
+                                   std::to_string(sst.sleeps_seen) +
                                    " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
     // Stacks that reached no CPython frame (binaries missing) tell nothing.
-    if (evidence_used == "stacks" && stacks.stats().decided == 0) evidence_used.clear();
+    if (evidence_used == "stacks" && sst.decided == 0) evidence_used.clear();
     if (!evidence_used.empty() && timeline.sched_events() > 0) {
         summary.gil_sleep_known = true;
         summary.gil_sleep_source = evidence_used;

@@ -4,7 +4,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <condition_variable>
+#include <deque>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include <sys/utsname.h>
 
@@ -46,7 +51,7 @@ std::string KernelSymbols::name(uint64_t addr) const {
     return it->second + buf;
 }
 
-GilStackClassifier::GilStackClassifier(const ProcessMaps& maps, ModuleCache& modules, unsigned stack_frames,
+GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames,
                                        std::string kernel_release)
     : maps_(maps),
       modules_(modules),
@@ -74,14 +79,17 @@ bool GilStackClassifier::maps_python(const AddressSpace& as) {
 }
 
 SleepLabel GilStackClassifier::classify(const Sample& s, const EventInfo&, const PrevState& ps) {
+    if (ps.cls != StateClass::Sleeping) return {};
+    return classify_in(maps_ ? maps_->space(s.pid) : nullptr, s);
+}
+
+SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample& s) {
     SleepLabel label;
-    if (ps.cls != StateClass::Sleeping) return label;
     ++stats_.sleeps_seen;
     if (s.regs_user_abi == 0 || s.stack_user.empty()) {
         ++stats_.no_stack;
         return label;
     }
-    const AddressSpace* as = maps_.space(s.pid);
     if (!as || !maps_python(*as)) {
         ++stats_.not_python;
         return label;
@@ -108,8 +116,12 @@ SleepLabel GilStackClassifier::classify(const Sample& s, const EventInfo&, const
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
-        if (stack_frames_ && f.mapping)  // an unmapped pc is where unwinding ran off the copied stack
-            for (const auto& n : describe_frame(f)) add_frame(n);
+        if (stack_frames_ && f.mapping) {  // an unmapped pc is where unwinding ran off the copied stack
+            auto& cache = names_[as->id];
+            auto it = cache.find(f.pc);
+            if (it == cache.end()) it = cache.emplace(f.pc, describe_frame(f)).first;
+            for (const auto& n : it->second) add_frame(n);
+        }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
         char where[256];
@@ -136,6 +148,137 @@ SleepLabel GilStackClassifier::classify(const Sample& s, const EventInfo&, const
     case UnwindStatus::Failed: ++stats_.failed; break;
     }
     return label;
+}
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+struct ParallelStackClassifier::Job {
+    std::shared_ptr<const AddressSpace> space;
+    Sample sample;                 // spans point into `bytes`
+    std::vector<uint8_t> bytes;    // callchain, regs, stack copies
+    std::pair<int32_t, uint64_t> key;
+};
+
+struct ParallelStackClassifier::Worker {
+    std::unique_ptr<ModuleCache> modules;
+    std::unique_ptr<GilStackClassifier> gsc;
+    std::thread thread;
+};
+
+struct ParallelStackClassifier::Shared {
+    std::mutex mu;
+    std::condition_variable ready, room;
+    std::deque<std::unique_ptr<Job>> queue;
+    bool done = false;
+    std::map<std::pair<int32_t, uint64_t>, SleepLabel> labels;
+    static constexpr size_t kMaxQueued = 4096;  // bounded memory: pass one waits for the workers
+};
+
+ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
+                                                 std::string kernel_release)
+    : sh_(std::make_unique<Shared>()) {
+    for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
+        auto w = std::make_unique<Worker>();
+        w->modules = std::make_unique<ModuleCache>(mopt);
+        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *w->modules, stack_frames, kernel_release);
+        workers_.push_back(std::move(w));
+    }
+    for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
+}
+
+ParallelStackClassifier::~ParallelStackClassifier() { finish(); }
+
+void ParallelStackClassifier::work(Worker& w) {
+    for (;;) {
+        std::unique_ptr<Job> job;
+        {
+            std::unique_lock<std::mutex> l(sh_->mu);
+            sh_->ready.wait(l, [&] { return sh_->done || !sh_->queue.empty(); });
+            if (sh_->queue.empty()) return;
+            job = std::move(sh_->queue.front());
+            sh_->queue.pop_front();
+        }
+        sh_->room.notify_one();
+        SleepLabel label = w.gsc->classify_in(job->space.get(), job->sample);
+        std::lock_guard<std::mutex> l(sh_->mu);
+        sh_->labels[job->key] = std::move(label);
+    }
+}
+
+void ParallelStackClassifier::on_sample(const Sample& s, const EventInfo& ev) {
+    if (dec_.kind(ev) != TpKind::SchedSwitch) return;
+    if (s.regs_user_abi == 0 || s.stack_user.empty()) return;
+    SchedSwitch sw;
+    if (!dec_.decode(s, ev, false, sw) || sw.prev_pid != s.tid) return;
+    if (dec_.prev_state_table(ev).decode(sw.prev_state).cls != StateClass::Sleeping) return;
+    auto job = std::make_unique<Job>();
+    job->space = maps_.snapshot(s.pid);
+    job->key = {s.tid, s.time};
+    // Copy what the worker reads; the record's bytes may be gone by then (zstd chunks).
+    job->bytes.reserve(s.callchain.bytes.size() + s.regs_user.bytes.size() + s.stack_user.size());
+    job->bytes.insert(job->bytes.end(), s.callchain.bytes.begin(), s.callchain.bytes.end());
+    job->bytes.insert(job->bytes.end(), s.regs_user.bytes.begin(), s.regs_user.bytes.end());
+    job->bytes.insert(job->bytes.end(), s.stack_user.begin(), s.stack_user.end());
+    job->sample = s;
+    const uint8_t* p = job->bytes.data();
+    job->sample.callchain = U64Array{Bytes(p, s.callchain.bytes.size()), s.callchain.swap};
+    p += s.callchain.bytes.size();
+    job->sample.regs_user = U64Array{Bytes(p, s.regs_user.bytes.size()), s.regs_user.swap};
+    p += s.regs_user.bytes.size();
+    job->sample.stack_user = Bytes(p, s.stack_user.size());
+    job->sample.raw = {};
+    job->sample.aux = {};
+    job->sample.regs_intr = {};
+    ++jobs_queued_;
+    std::unique_lock<std::mutex> l(sh_->mu);
+    sh_->room.wait(l, [&] { return sh_->queue.size() < Shared::kMaxQueued; });
+    sh_->queue.push_back(std::move(job));
+    l.unlock();
+    sh_->ready.notify_one();
+}
+
+void ParallelStackClassifier::finish() {
+    {
+        std::lock_guard<std::mutex> l(sh_->mu);
+        sh_->done = true;
+    }
+    sh_->ready.notify_all();
+    for (auto& w : workers_)
+        if (w->thread.joinable()) w->thread.join();
+}
+
+SleepLabel ParallelStackClassifier::label(const Sample& s, const PrevState& ps) const {
+    if (ps.cls != StateClass::Sleeping) return {};
+    auto it = sh_->labels.find({s.tid, s.time});
+    return it == sh_->labels.end() ? SleepLabel{} : it->second;
+}
+
+StackStats ParallelStackClassifier::stats() const {
+    StackStats t;
+    for (const auto& w : workers_) {
+        const StackStats& s = w->gsc->stats();
+        t.sleeps_seen += s.sleeps_seen;
+        t.not_python += s.not_python;
+        t.no_stack += s.no_stack;
+        t.decided += s.decided;
+        t.complete += s.complete;
+        t.stopped_early += s.stopped_early;
+        t.failed += s.failed;
+        t.gil += s.gil;
+        t.handoff += s.handoff;
+    }
+    return t;
+}
+
+std::vector<std::string> ParallelStackClassifier::problems() const {
+    std::vector<std::string> out;
+    for (const auto& w : workers_)
+        for (const auto& p : w->modules->problems())
+            if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 }  // namespace gilscan

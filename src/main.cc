@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -42,6 +43,8 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
                            the DWARF-unwound stack of the switch-out (auto: uprobes
                            when the recording has them, else stacks)
+ -j, --jobs N             unwind sleep stacks on N worker threads (default 1; 0 = all
+                           cores); the results are byte-identical to -j 1
       --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
                            frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
@@ -67,6 +70,10 @@ struct Options {
     std::string gil_evidence = "auto";
     std::string symfs;
     unsigned sleep_stacks = 0;
+    // Measured (README, Benchmarks): unwinding to the first CPython frame is
+    // cheap, and the parallel path's second pass costs more than it saves on
+    // 2 cores, so one thread unless -j says otherwise.
+    unsigned jobs = 1;
     std::unordered_set<int32_t> pids;
 };
 
@@ -118,6 +125,12 @@ Options parse_args(int argc, char** argv) {
             o.gil_evidence = value("--gil-evidence");
             if (o.gil_evidence != "auto" && o.gil_evidence != "stacks" && o.gil_evidence != "probes")
                 usage_error("--gil-evidence takes auto, stacks or probes");
+        } else if (a == "-j" || a == "--jobs") {
+            std::string v = value("-j");
+            char* end = nullptr;
+            long n = std::strtol(v.c_str(), &end, 10);
+            if (v.empty() || *end || n < 0 || n > 256) usage_error("-j takes 0..256");
+            o.jobs = n == 0 ? std::max(1u, std::thread::hardware_concurrency()) : static_cast<unsigned>(n);
         } else if (a == "--sleep-stacks") {
             std::string v = value("--sleep-stacks");
             char* end = nullptr;
@@ -151,6 +164,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.gil_evidence = opt.gil_evidence;
     a.symfs = opt.symfs;
     a.sleep_stacks = opt.sleep_stacks;
+    a.jobs = opt.jobs;
     if (opt.progress) {
         a.progress = [input = opt.input](uint64_t done, uint64_t total) {
             std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", input.c_str(),

@@ -17,6 +17,16 @@ AddressSpace& ProcessMaps::fresh(int32_t pid) {
     return *s;
 }
 
+std::shared_ptr<const AddressSpace> ProcessMaps::snapshot(int32_t pid) const {
+    auto it = spaces_.find(pid);
+    return it == spaces_.end() ? nullptr : it->second;
+}
+
+AddressSpace& ProcessMaps::writable(std::shared_ptr<AddressSpace>& sp) {
+    if (sp.use_count() > 1) sp = std::make_shared<AddressSpace>(*sp);  // a snapshot is out: copy
+    return *sp;
+}
+
 const AddressSpace* ProcessMaps::space(int32_t pid) const {
     auto it = spaces_.find(pid);
     return it == spaces_.end() ? nullptr : it->second.get();
@@ -25,7 +35,7 @@ const AddressSpace* ProcessMaps::space(int32_t pid) const {
 void ProcessMaps::on_mmap(const MmapEvent& e) {
     if (e.pid <= 0 || e.len == 0) return;  // pid -1: the kernel's own maps
     auto it = spaces_.find(e.pid);
-    AddressSpace& as = it == spaces_.end() ? fresh(e.pid) : *it->second;
+    AddressSpace& as = it == spaces_.end() ? fresh(e.pid) : writable(it->second);
     Mapping m;
     m.start = e.start;
     m.end = e.start + e.len;

@@ -128,6 +128,16 @@ with tempfile.TemporaryDirectory() as tmp:
     w = lines[0]["warnings"]
     check(w.count("libpython3.11.so.1.0: not found") == 1, f"missing module said once ({w[:300]})")
 
+    # -j: stacks unwound on worker threads give byte-identical results
+    outs = []
+    for j in ("1", "2"):
+        t_, s_ = os.path.join(tmp, f"j{j}.json"), os.path.join(tmp, f"j{j}.s.json")
+        r = run(os.path.join(DATA, "stacks_zstd.data"), "-j", j, "-q", "--sleep-stacks", "16", "-o", t_,
+                "--summary-json", s_)
+        check(r.returncode == 0, f"-j {j}")
+        outs.append((open(t_, "rb").read(), open(s_, "rb").read()))
+    check(outs[0] == outs[1], "-j 1 and -j 2 give byte-identical traces and summaries")
+
     # Compressed traces by file name, identical once decompressed
     import gzip
     for ext in ("json.gz", "json.zst"):

@@ -124,7 +124,7 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     ModuleOptions mo;
     mo.symfs = symfs;
     ModuleCache modules(mo);
-    GilStackClassifier gsc(maps, modules);
+    GilStackClassifier gsc(&maps, modules);
     Timeline tl(s, a.spans);
     tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps) { return gsc.classify(smp, ev, ps); });
     FanOut stages({&maps, &tl});

@@ -32,6 +32,7 @@ struct AnalysisOptions {
     std::string gil_evidence = "auto";  // auto | stacks | probes
     std::string symfs;
     unsigned sleep_stacks = 0;
+    unsigned jobs = 1;          // stack-unwinding workers (-j)
     std::function<void(uint64_t, uint64_t)> progress;
 };
 

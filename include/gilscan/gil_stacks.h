@@ -56,21 +56,65 @@ class GilStackClassifier {
 public:
     // stack_frames > 0: also attach the symbolized stack (kernel frames from
     // CALLCHAIN, then up to that many user frames) to every sleep's label.
-    GilStackClassifier(const ProcessMaps& maps, ModuleCache& modules, unsigned stack_frames = 0,
+    GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
                        std::string kernel_release = "");
     SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
+    // The same, for a sleep switch-out, in a given address space (worker threads).
+    SleepLabel classify_in(const AddressSpace* as, const Sample& s);
     const StackStats& stats() const { return stats_; }
 
 private:
     bool maps_python(const AddressSpace& as);
-    const ProcessMaps& maps_;
+    const ProcessMaps* maps_;
     ModuleCache& modules_;
     DwarfUnwinder unwinder_;
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
     StackStats stats_;
     unsigned stack_frames_;
+    // Symbolized frames by (address space, pc): libdw's symbol and inline
+    // lookups are slow and the same frames recur in nearly every stack.
+    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::vector<std::string>>> names_;
     std::string kernel_release_;
     std::unique_ptr<KernelSymbols> ksyms_;
+};
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+// -j N: the stack classification of every sleep on N worker threads. Pass
+// one (this sink, fed by Session::run) follows the maps and hands each
+// switch-out into S with a user stack to the workers, with a snapshot of its
+// address space and a copy of its registers and stack; pass two builds the
+// timeline with label() looking the answers up. Each worker has its own
+// module cache and Dwfls, so the labels are those of -j 1.
+class ParallelStackClassifier : public EventSink {
+public:
+    ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release);
+    ~ParallelStackClassifier() override;
+
+    void on_sample(const Sample& s, const EventInfo& ev) override;
+    void on_mmap(const MmapEvent& e) override { maps_.on_mmap(e); }
+    void on_comm(const CommEvent& e) override { maps_.on_comm(e); }
+    void on_fork(const TaskEvent& e) override { maps_.on_fork(e); }
+
+    void finish();  // waits for the workers
+    SleepLabel label(const Sample& s, const PrevState& ps) const;
+    StackStats stats() const;
+    std::vector<std::string> problems() const;
+    bool saw_stacks() const { return jobs_queued_ > 0; }
+
+private:
+    struct Job;
+    struct Worker;
+    void work(Worker& w);
+    ProcessMaps maps_;
+    TracepointDecoder dec_;
+    struct Shared;
+    std::unique_ptr<Shared> sh_;
+    std::vector<std::unique_ptr<Worker>> workers_;
+    uint64_t jobs_queued_ = 0;
+    StackStats pass1_;  // sleeps that needed no unwinding
 };
 
 }  // namespace gilscan

@@ -44,10 +44,14 @@ public:
     void on_fork(const TaskEvent& e) override;
 
     const AddressSpace* space(int32_t pid) const;
+    // The space as it is now, kept unchanged for as long as the caller holds
+    // it (copy-on-write: later mappings go to a new copy). For worker threads.
+    std::shared_ptr<const AddressSpace> snapshot(int32_t pid) const;
     size_t spaces() const { return spaces_.size(); }
 
 private:
     AddressSpace& fresh(int32_t pid);
+    AddressSpace& writable(std::shared_ptr<AddressSpace>& sp);
     std::unordered_map<int32_t, std::shared_ptr<AddressSpace>> spaces_;
     uint64_t next_id_ = 1;
 };
