@@ -568,6 +568,23 @@ int main(int argc, char** argv) {
         const size_t kMmapLen = 528384;
         ZSTD_CCtx* cctx = a.zstd ? ZSTD_createCCtx() : nullptr;
         std::vector<uint8_t> pending;
+        // One zstd frame per chunk, split over COMPRESSED records (a record is < 64 KiB).
+        auto compress_chunk = [&](const uint8_t* data, size_t n) {
+            std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
+            ZSTD_inBuffer in{data, n, 0};
+            ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
+            while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
+            for (size_t p = 0; p < ob.pos; p += 65000) {
+                size_t len = std::min<size_t>(65000, ob.pos - p);
+                Buf r;
+                r.put<uint32_t>(PERF_RECORD_COMPRESSED);
+                r.put<uint16_t>(0);
+                r.put<uint16_t>(static_cast<uint16_t>(8 + len));
+                r.bytes(comp.data() + p, len);
+                write(r.b.data(), r.b.size());
+                data_bytes += r.b.size();
+            }
+        };
         auto emit_data = [&](const std::vector<uint8_t>& bytes) {
             if (!a.zstd) {
                 write(bytes.data(), bytes.size());
@@ -578,21 +595,7 @@ int main(int argc, char** argv) {
             size_t off = 0;
             while (pending.size() - off >= kMmapLen / 2) {
                 size_t n = std::min(pending.size() - off, kMmapLen / 2);
-                std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
-                ZSTD_inBuffer in{pending.data() + off, n, 0};
-                ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
-                while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
-                // A record is < 64 KiB: split the compressed bytes over several records.
-                for (size_t p = 0; p < ob.pos; p += 65000) {
-                    size_t len = std::min<size_t>(65000, ob.pos - p);
-                    Buf r;
-                    r.put<uint32_t>(PERF_RECORD_COMPRESSED);
-                    r.put<uint16_t>(0);
-                    r.put<uint16_t>(static_cast<uint16_t>(8 + len));
-                    r.bytes(comp.data() + p, len);
-                    write(r.b.data(), r.b.size());
-                    data_bytes += r.b.size();
-                }
+                compress_chunk(pending.data() + off, n);
                 off += n;
             }
             pending.erase(pending.begin(), pending.begin() + static_cast<long>(off));
@@ -682,27 +685,7 @@ int main(int argc, char** argv) {
         }
         Gen g(a, t);
         g.run(emit_data);
-        if (a.zstd && !pending.empty()) {
-            // the tail
-            std::vector<uint8_t> rest;
-            rest.swap(pending);
-            pending.clear();
-            size_t n = rest.size();
-            std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
-            ZSTD_inBuffer in{rest.data(), n, 0};
-            ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
-            while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
-            for (size_t p = 0; p < ob.pos; p += 65000) {
-                size_t len = std::min<size_t>(65000, ob.pos - p);
-                Buf r;
-                r.put<uint32_t>(PERF_RECORD_COMPRESSED);
-                r.put<uint16_t>(0);
-                r.put<uint16_t>(static_cast<uint16_t>(8 + len));
-                r.bytes(comp.data() + p, len);
-                write(r.b.data(), r.b.size());
-                data_bytes += r.b.size();
-            }
-        }
+        if (a.zstd && !pending.empty()) compress_chunk(pending.data(), pending.size());  // the tail
         if (cctx) ZSTD_freeCCtx(cctx);
         if (!a.pipe) {
             // Features after the data: the template's, plus COMPRESSED for -z.

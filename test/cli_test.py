@@ -11,17 +11,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import check, done  # noqa: E402
+
 GILSCAN, DATA = sys.argv[1], sys.argv[2]
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
 
 
 def run(*args):
@@ -179,5 +172,4 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run("--bogus")
     check(r.returncode == 2, "unknown option is a usage error")
 
-print(f"cli: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+done("cli")

@@ -13,20 +13,13 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import check, done  # noqa: E402
+
 GILSCAN, WORKLOAD = sys.argv[1], sys.argv[2]
 PYTHONS = [f"/root/.pyenv/versions/{v}/bin/python3" for v in
            ("3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")]
 PYTHONS += ["/usr/bin/python3.11", "/root/.pyenv/shims/python3"]
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, flush=True)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -87,5 +80,4 @@ with tempfile.TemporaryDirectory() as tmp:
     else:
         check(False, "setpriv (util-linux) missing")
 
-print(f"record e2e: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+done("record e2e")
