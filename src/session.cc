@@ -131,8 +131,13 @@ int Session::event_for(const RawRecord& r) {
     if (r.body.size() < static_cast<uint64_t>(index + 1) * 8 || pos + 8 > r.body.size()) return -2;
     uint64_t id = load<uint64_t>(r.body.data() + pos, header_.swap);
     if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
+    // Records of one CPU buffer come in runs of a few ids: remember the last.
+    if (id == last_id_) return last_event_;
     auto it = id_to_event_.find(id);
-    return it == id_to_event_.end() ? -2 : it->second;
+    if (it == id_to_event_.end()) return -2;
+    last_id_ = id;
+    last_event_ = it->second;
+    return it->second;
 }
 
 void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink) {

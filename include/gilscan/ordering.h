@@ -100,7 +100,9 @@ private:
         return static_cast<int32_t>(owner_base_ + owners_.size() - 1);
     }
 
-    // Merge the pending runs into one sorted run, then into sorted_.
+    // Pairwise merges of the sorted runs of pending_ (ping-pong between two
+    // buffers: one sequential copy per pass, log2(runs) passes), then one
+    // merge with what is left of sorted_.
     void arrange() {
         if (pending_.empty()) return;
         std::vector<size_t> bounds;
@@ -108,34 +110,37 @@ private:
         bounds.push_back(0);
         bounds.insert(bounds.end(), runs_.begin(), runs_.end());
         bounds.push_back(pending_.size());
-        runs_ = std::move(bounds);
-        while (runs_.size() > 2) {
-            std::vector<size_t> next{0};
-            for (size_t i = 0; i + 2 < runs_.size(); i += 2) {
-                std::inplace_merge(pending_.begin() + static_cast<long>(runs_[i]),
-                                   pending_.begin() + static_cast<long>(runs_[i + 1]),
-                                   pending_.begin() + static_cast<long>(runs_[i + 2]), earlier);
-                next.push_back(runs_[i + 2]);
-            }
-            if (runs_.size() % 2 == 0) next.push_back(runs_.back());
-            runs_ = std::move(next);
-        }
         runs_.clear();
-        // sorted_[head_..] and pending_ are both sorted: merge them.
-        if (head_ == sorted_.size() || !earlier(pending_.front(), sorted_.back())) {
-            if (head_ == sorted_.size()) {
-                sorted_.clear();
-                head_ = 0;
+        while (bounds.size() > 2) {
+            merged_.resize(pending_.size());
+            std::vector<size_t> next{0};
+            size_t i = 0;
+            for (; i + 2 < bounds.size(); i += 2) {
+                std::merge(pending_.begin() + static_cast<long>(bounds[i]), pending_.begin() + static_cast<long>(bounds[i + 1]),
+                           pending_.begin() + static_cast<long>(bounds[i + 1]), pending_.begin() + static_cast<long>(bounds[i + 2]),
+                           merged_.begin() + static_cast<long>(bounds[i]), earlier);
+                next.push_back(bounds[i + 2]);
             }
+            if (i + 1 < bounds.size()) {  // an odd run out: carried over as it is
+                std::copy(pending_.begin() + static_cast<long>(bounds[i]), pending_.begin() + static_cast<long>(bounds[i + 1]),
+                          merged_.begin() + static_cast<long>(bounds[i]));
+                if (next.back() != bounds[i + 1]) next.push_back(bounds[i + 1]);
+            }
+            pending_.swap(merged_);
+            bounds = std::move(next);
+        }
+        if (head_ == sorted_.size()) {
+            sorted_.swap(pending_);  // nothing left over: no copy
+        } else if (!earlier(pending_.front(), sorted_.back())) {
+            sorted_.erase(sorted_.begin(), sorted_.begin() + static_cast<long>(head_));
             sorted_.insert(sorted_.end(), pending_.begin(), pending_.end());
         } else {
-            std::vector<Entry> merged;
-            merged.reserve(sorted_.size() - head_ + pending_.size());
+            merged_.resize(sorted_.size() - head_ + pending_.size());
             std::merge(sorted_.begin() + static_cast<long>(head_), sorted_.end(), pending_.begin(), pending_.end(),
-                       std::back_inserter(merged), earlier);
-            sorted_ = std::move(merged);
-            head_ = 0;
+                       merged_.begin(), earlier);
+            sorted_.swap(merged_);
         }
+        head_ = 0;
         pending_.clear();
     }
 
@@ -175,6 +180,7 @@ private:
     std::vector<Entry> sorted_;   // sorted; [head_, end) still queued
     size_t head_ = 0;
     std::vector<Entry> pending_;  // pushed since the last flush, in file order
+    std::vector<Entry> merged_;
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
     std::deque<Owner> owners_;
     uint64_t owner_base_ = 0;

@@ -114,6 +114,8 @@ private:
     bool tracefs_fallback_ = true;
     std::vector<EventInfo> events_;
     std::unordered_map<uint64_t, int> id_to_event_;
+    uint64_t last_id_ = 0;  // 0 is never looked up (perf's synthesized records)
+    int last_event_ = -2;
     IdLayout layout_;
     bool layout_set_ = false;
     DecodeStats stats_;
