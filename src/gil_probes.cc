@@ -1,6 +1,7 @@
 #include "gilscan/gil_probes.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "gilscan/trace_writer.h"
@@ -40,17 +41,21 @@ void GilTracker::account(Process& p, uint64_t t) {
 void GilTracker::waiters_changed(Process& p, uint64_t t) {
     p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
     if (trace_) {
-        std::string args = "{\"waiting\":" + std::to_string(p.waiters) + "}";
-        trace_->counter(p.st.pid, "GIL waiters", t, args);
+        char args[40];
+        int n = std::snprintf(args, sizeof args, "{\"waiting\":%u}", p.waiters);
+        trace_->counter(p.st.pid, "GIL waiters", t, std::string_view(args, static_cast<size_t>(n)));
     }
 }
 
 void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
     if (p.holder > 0 && trace_ && t > p.holder_since) {
-        std::string name = "GIL held by " + std::to_string(p.holder);
-        std::string args = "{\"holder\":" + std::to_string(p.holder) + "}";
-        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), name, "GIL holder", p.holder_since, t, args);
+        // No heap allocation per event: both strings are built on the stack.
+        char name[40], args[40];
+        int nn = std::snprintf(name, sizeof name, "GIL held by %d", p.holder);
+        int na = std::snprintf(args, sizeof args, "{\"holder\":%d}", p.holder);
+        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), std::string_view(name, static_cast<size_t>(nn)),
+                         "GIL holder", p.holder_since, t, std::string_view(args, static_cast<size_t>(na)));
     }
     p.holder = tid;
     p.holder_since = t;

@@ -54,7 +54,18 @@ void TraceWriter::put_us(uint64_t ns) {
     line_.append(f, 4);
 }
 
-void TraceWriter::put_str(std::string_view s) { append_json_string(line_, s); }
+void TraceWriter::put_str(std::string_view s) {
+    // Most strings here are gilscan's own names ("S", "R+", "GIL wait"):
+    // copy them straight when nothing in them needs escaping.
+    for (unsigned char ch : s)
+        if (ch < 0x20 || ch >= 0x80 || ch == '"' || ch == '\\') {
+            append_json_string(line_, s);
+            return;
+        }
+    line_.push_back('"');
+    line_.append(s);
+    line_.push_back('"');
+}
 
 void TraceWriter::flush_line() {
     out_.write(line_);
