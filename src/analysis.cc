@@ -46,22 +46,11 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     ModuleCache modules(mopt);
     GilStackClassifier stacks(&maps, modules, opt.sleep_stacks, session.features().os_release);
 
-    // -j N: unwind the sleep stacks on N workers in a first pass over the
-    // recording (only when stacks may label the sleeps and there are any).
+    // -j N: sleep stacks unwound on N workers while this thread decodes.
     std::unique_ptr<ParallelStackClassifier> parallel;
-    bool may_need_stacks = opt.gil_evidence != "probes";
-    bool has_stack_attr = session.header().pipe;  // pipe mode: the attrs come later
-    for (const auto& ev : session.events()) {
-        if (opt.gil_evidence == "auto" && gil_probe_kind(ev.name) != TpKind::Other) may_need_stacks = false;
-        if (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) has_stack_attr = true;
-    }
-    if (opt.jobs > 1 && may_need_stacks && has_stack_attr) {
+    if (opt.jobs > 1)
         parallel = std::make_unique<ParallelStackClassifier>(opt.jobs, mopt, opt.sleep_stacks,
                                                              session.features().os_release);
-        Session first(opt.input);
-        first.run(*parallel);
-        parallel->finish();
-    }
     GilTracker gil(trace.get());
     Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);
     auto by_probes = gil_probe_classifier(gil);
@@ -74,13 +63,21 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         }
         if (s.regs_user_abi == 0 || s.stack_user.empty()) return SleepLabel{};
         evidence_used = "stacks";
-        return parallel ? parallel->label(s, ps) : stacks.classify(s, ev, ps);
+        if (parallel) {
+            if (ps.cls != StateClass::Sleeping) return SleepLabel{};
+            SleepLabel pending;
+            pending.ticket = parallel->submit(maps.snapshot(s.pid), s);
+            return pending;
+        }
+        return stacks.classify(s, ev, ps);
     });
+    if (parallel) timeline.set_resolver([&](int64_t t, bool wait) { return parallel->resolve(t, wait); });
     FanOut stages({&maps, &gil, &timeline});
     session.run(stages);
     const uint64_t end = session.stats().last_time;
     gil.finish(end);
     timeline.finish(end);
+    if (parallel) parallel->finish();
 
     // 8. Outputs.
     const auto threads = timeline.threads();

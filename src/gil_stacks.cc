@@ -8,6 +8,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <unordered_map>
 #include <mutex>
 #include <thread>
 
@@ -117,10 +118,24 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
         if (stack_frames_ && f.mapping) {  // an unmapped pc is where unwinding ran off the copied stack
-            auto& cache = names_[as->id];
-            auto it = cache.find(f.pc);
-            if (it == cache.end()) it = cache.emplace(f.pc, describe_frame(f)).first;
-            for (const auto& n : it->second) add_frame(n);
+            bool found = false;
+            {
+                std::shared_lock<std::shared_mutex> l(names_->mu);
+                auto sp = names_->names.find(as->id);
+                if (sp != names_->names.end()) {
+                    auto it = sp->second.find(f.pc);
+                    if (it != sp->second.end()) {
+                        for (const auto& n : it->second) add_frame(n);
+                        found = true;
+                    }
+                }
+            }
+            if (!found) {
+                std::vector<std::string> names = describe_frame(f);
+                for (const auto& n : names) add_frame(n);
+                std::unique_lock<std::shared_mutex> l(names_->mu);
+                names_->names[as->id].emplace(f.pc, std::move(names));
+            }
         }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
@@ -155,10 +170,10 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
 namespace gilscan {
 
 struct ParallelStackClassifier::Job {
+    int64_t ticket = 0;
     std::shared_ptr<const AddressSpace> space;
-    Sample sample;                 // spans point into `bytes`
-    std::vector<uint8_t> bytes;    // callchain, regs, stack copies
-    std::pair<int32_t, uint64_t> key;
+    Sample sample;               // spans point into `bytes`
+    std::vector<uint8_t> bytes;  // callchain, regs and stack copies
 };
 
 struct ParallelStackClassifier::Worker {
@@ -169,20 +184,21 @@ struct ParallelStackClassifier::Worker {
 
 struct ParallelStackClassifier::Shared {
     std::mutex mu;
-    std::condition_variable ready, room;
+    std::condition_variable ready, result;
     std::deque<std::unique_ptr<Job>> queue;
     bool done = false;
-    std::map<std::pair<int32_t, uint64_t>, SleepLabel> labels;
-    static constexpr size_t kMaxQueued = 4096;  // bounded memory: pass one waits for the workers
+    std::unordered_map<int64_t, SleepLabel> labels;
 };
 
 ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
                                                  std::string kernel_release)
     : sh_(std::make_unique<Shared>()) {
+    auto names = std::make_shared<GilStackClassifier::NameCache>();
     for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
         auto w = std::make_unique<Worker>();
         w->modules = std::make_unique<ModuleCache>(mopt);
         w->gsc = std::make_unique<GilStackClassifier>(nullptr, *w->modules, stack_frames, kernel_release);
+        w->gsc->share_names(names);
         workers_.push_back(std::move(w));
     }
     for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
@@ -200,28 +216,35 @@ void ParallelStackClassifier::work(Worker& w) {
             job = std::move(sh_->queue.front());
             sh_->queue.pop_front();
         }
-        sh_->room.notify_one();
         SleepLabel label = w.gsc->classify_in(job->space.get(), job->sample);
-        std::lock_guard<std::mutex> l(sh_->mu);
-        sh_->labels[job->key] = std::move(label);
+        {
+            std::lock_guard<std::mutex> l(sh_->mu);
+            sh_->labels.emplace(job->ticket, std::move(label));
+        }
+        sh_->result.notify_all();
     }
 }
 
-void ParallelStackClassifier::on_sample(const Sample& s, const EventInfo& ev) {
-    if (dec_.kind(ev) != TpKind::SchedSwitch) return;
-    if (s.regs_user_abi == 0 || s.stack_user.empty()) return;
-    SchedSwitch sw;
-    if (!dec_.decode(s, ev, false, sw) || sw.prev_pid != s.tid) return;
-    if (dec_.prev_state_table(ev).decode(sw.prev_state).cls != StateClass::Sleeping) return;
+int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
     auto job = std::make_unique<Job>();
-    job->space = maps_.snapshot(s.pid);
-    job->key = {s.tid, s.time};
-    // Copy what the worker reads; the record's bytes may be gone by then (zstd chunks).
+    job->ticket = next_ticket_++;
+    job->space = std::move(space);
+    job->sample = s;
+    if (!s.in_chunk) {
+        // The bytes are in the file mapping, which outlives the workers: no copy.
+        const int64_t ticket = job->ticket;
+        {
+            std::lock_guard<std::mutex> l(sh_->mu);
+            sh_->queue.push_back(std::move(job));
+        }
+        sh_->ready.notify_one();
+        return ticket;
+    }
+    // A decompressed chunk is freed once delivered: copy what the worker reads.
     job->bytes.reserve(s.callchain.bytes.size() + s.regs_user.bytes.size() + s.stack_user.size());
     job->bytes.insert(job->bytes.end(), s.callchain.bytes.begin(), s.callchain.bytes.end());
     job->bytes.insert(job->bytes.end(), s.regs_user.bytes.begin(), s.regs_user.bytes.end());
     job->bytes.insert(job->bytes.end(), s.stack_user.begin(), s.stack_user.end());
-    job->sample = s;
     const uint8_t* p = job->bytes.data();
     job->sample.callchain = U64Array{Bytes(p, s.callchain.bytes.size()), s.callchain.swap};
     p += s.callchain.bytes.size();
@@ -231,12 +254,23 @@ void ParallelStackClassifier::on_sample(const Sample& s, const EventInfo& ev) {
     job->sample.raw = {};
     job->sample.aux = {};
     job->sample.regs_intr = {};
-    ++jobs_queued_;
-    std::unique_lock<std::mutex> l(sh_->mu);
-    sh_->room.wait(l, [&] { return sh_->queue.size() < Shared::kMaxQueued; });
-    sh_->queue.push_back(std::move(job));
-    l.unlock();
+    const int64_t ticket = job->ticket;
+    {
+        std::lock_guard<std::mutex> l(sh_->mu);
+        sh_->queue.push_back(std::move(job));
+    }
     sh_->ready.notify_one();
+    return ticket;
+}
+
+std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool wait) {
+    std::unique_lock<std::mutex> l(sh_->mu);
+    if (wait) sh_->result.wait(l, [&] { return sh_->labels.count(ticket) > 0; });
+    auto it = sh_->labels.find(ticket);
+    if (it == sh_->labels.end()) return std::nullopt;
+    SleepLabel label = std::move(it->second);
+    sh_->labels.erase(it);
+    return label;
 }
 
 void ParallelStackClassifier::finish() {
@@ -247,12 +281,6 @@ void ParallelStackClassifier::finish() {
     sh_->ready.notify_all();
     for (auto& w : workers_)
         if (w->thread.joinable()) w->thread.join();
-}
-
-SleepLabel ParallelStackClassifier::label(const Sample& s, const PrevState& ps) const {
-    if (ps.cls != StateClass::Sleeping) return {};
-    auto it = sh_->labels.find({s.tid, s.time});
-    return it == sh_->labels.end() ? SleepLabel{} : it->second;
 }
 
 StackStats ParallelStackClassifier::stats() const {

@@ -280,6 +280,7 @@ void Session::deliver(const RawRecord& r, int event_index, EventSink& sink) {
         case PERF_RECORD_SAMPLE: {
             Sample s;
             parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
+            s.in_chunk = r.compressed;
             ++stats_.samples_by_event[event_index];
             if (s.has_time) {
                 if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;

@@ -81,6 +81,12 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
         th.st.runnable_ns += d;
         break;
     case SpanKind::Sleep:
+        if (th.label.ticket >= 0 && resolver_) {
+            // Being unwound on a worker: counted and written once it is known.
+            s.name = "S";
+            output(s, th.label.ticket, &th.st);
+            return;
+        }
         s.name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
         s.evidence = th.label.evidence;
         s.stack_json = th.label.stack_json;
@@ -106,7 +112,51 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
         th.st.unknown_ns += d;
         break;
     }
-    sink_.span(s);
+    output(s, -1, nullptr);
+}
+
+void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {
+    if (pending_.empty() && ticket < 0) {
+        sink_.span(s);
+        return;
+    }
+    PendingSpan p;
+    p.span = s;
+    p.name = std::string(s.name);
+    p.state = std::string(s.state);
+    p.evidence = std::string(s.evidence);
+    p.stack = std::string(s.stack_json);
+    p.ticket = ticket;
+    p.st = st;
+    pending_.push_back(std::move(p));
+    if (pending_.size() > 65536) drain(true);  // bounded memory: wait for the workers
+}
+
+void Timeline::drain(bool wait) {
+    while (!pending_.empty()) {
+        PendingSpan& p = pending_.front();
+        if (p.ticket >= 0) {
+            std::optional<SleepLabel> l = resolver_(p.ticket, wait);
+            if (!l) return;
+            if (!l->name.empty()) p.name = l->name;
+            p.evidence = l->evidence;
+            p.stack = l->stack_json;
+            const uint64_t d = p.span.end - p.span.start;
+            p.st->sleep_ns += d;
+            ++p.st->sleep_count;
+            if (l->gil) {
+                p.st->gil_sleep_ns += d;
+                ++p.st->gil_sleep_count;
+            }
+            p.ticket = -1;
+        }
+        p.span.name = p.name;
+        p.span.state = p.state;
+        p.span.evidence = p.evidence;
+        p.span.stack_json = p.stack;
+        sink_.span(p.span);
+        pending_.pop_front();
+    }
 }
 
 void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as) {
@@ -144,7 +194,7 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
     case StateClass::DiskSleep: {
         th.state = ps.cls == StateClass::Sleeping ? SpanKind::Sleep : SpanKind::DiskSleep;
         if (classifier_) th.label = classifier_(s, ev, ps);
-        if (th.label.name.empty()) th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
+        if (th.label.name.empty() && th.label.ticket < 0) th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
         // try_to_wake_up on another CPU can trace sched_waking just before
         // this switch-out is traced: the sleep is over as soon as it starts.
         if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
@@ -217,6 +267,7 @@ void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
 }
 
 void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
+    if (!pending_.empty()) drain(false);
     TpKind k = dec_.kind(ev);
     if (k == TpKind::Other) return;
     const uint64_t t = s.time;
@@ -374,6 +425,7 @@ void Timeline::finish(uint64_t end) {
         th.known = false;
         touch(th, e);
     }
+    drain(true);
 }
 
 std::vector<ThreadStats> Timeline::threads() const {

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 #include <unordered_map>
@@ -58,6 +60,15 @@ public:
     // CALLCHAIN, then up to that many user frames) to every sleep's label.
     GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
                        std::string kernel_release = "");
+
+    // Symbolized frames by (address space, pc), shareable between the
+    // classifiers of -j workers: libdw's symbol and inline lookups are slow
+    // and the same frames recur in nearly every stack.
+    struct NameCache {
+        std::shared_mutex mu;
+        std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::vector<std::string>>> names;
+    };
+    void share_names(std::shared_ptr<NameCache> cache) { names_ = std::move(cache); }
     SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
     // The same, for a sleep switch-out, in a given address space (worker threads).
     SleepLabel classify_in(const AddressSpace* as, const Sample& s);
@@ -71,9 +82,7 @@ private:
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
     StackStats stats_;
     unsigned stack_frames_;
-    // Symbolized frames by (address space, pc): libdw's symbol and inline
-    // lookups are slow and the same frames recur in nearly every stack.
-    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::vector<std::string>>> names_;
+    std::shared_ptr<NameCache> names_ = std::make_shared<NameCache>();
     std::string kernel_release_;
     std::unique_ptr<KernelSymbols> ksyms_;
 };
@@ -82,39 +91,32 @@ private:
 
 namespace gilscan {
 
-// -j N: the stack classification of every sleep on N worker threads. Pass
-// one (this sink, fed by Session::run) follows the maps and hands each
-// switch-out into S with a user stack to the workers, with a snapshot of its
-// address space and a copy of its registers and stack; pass two builds the
-// timeline with label() looking the answers up. Each worker has its own
-// module cache and Dwfls, so the labels are those of -j 1.
-class ParallelStackClassifier : public EventSink {
+// -j N: the stack classification of sleeps on N worker threads, in the one
+// pass over the recording. At a switch-out into S, submit() hands the worker
+// a snapshot of the address space and a copy of the registers and stack and
+// returns a ticket; the timeline resolves the ticket only when it emits the
+// sleep's span, after the wake-up, so unwinding overlaps decoding. Spans come
+// out in the same order with the same labels as -j 1 (each worker has its own
+// module cache and Dwfls).
+class ParallelStackClassifier {
 public:
     ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release);
-    ~ParallelStackClassifier() override;
+    ~ParallelStackClassifier();
 
-    void on_sample(const Sample& s, const EventInfo& ev) override;
-    void on_mmap(const MmapEvent& e) override { maps_.on_mmap(e); }
-    void on_comm(const CommEvent& e) override { maps_.on_comm(e); }
-    void on_fork(const TaskEvent& e) override { maps_.on_fork(e); }
-
-    void finish();  // waits for the workers
-    SleepLabel label(const Sample& s, const PrevState& ps) const;
+    int64_t submit(std::shared_ptr<const AddressSpace> space, const Sample& s);
+    std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
+    void finish();                       // stops the workers
     StackStats stats() const;
     std::vector<std::string> problems() const;
-    bool saw_stacks() const { return jobs_queued_ > 0; }
 
 private:
     struct Job;
     struct Worker;
-    void work(Worker& w);
-    ProcessMaps maps_;
-    TracepointDecoder dec_;
     struct Shared;
+    void work(Worker& w);
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
-    uint64_t jobs_queued_ = 0;
-    StackStats pass1_;  // sleeps that needed no unwinding
+    int64_t next_ticket_ = 0;
 };
 
 }  // namespace gilscan

@@ -47,6 +47,7 @@ struct SleepLabel {
     std::string evidence;   // e.g. the matching frame
     bool gil = false;       // counts towards gil_sleep_us
     std::string stack_json; // optional: the symbolized stack, a JSON array
+    int64_t ticket = -1;    // >= 0: decided later (-j): the timeline resolves it when it emits the span
 };
 
 struct Span {
@@ -92,6 +93,12 @@ public:
     Timeline(const Session& session, SpanSink& sink);
 
     void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
+    // For labels the classifier returned as tickets (see SleepLabel::ticket):
+    // resolver(ticket, wait) gives the label, or nothing yet when !wait.
+    // Spans after an unresolved one wait in order, so the output is the same
+    // as with immediate labels.
+    using Resolver = std::function<std::optional<SleepLabel>(int64_t, bool)>;
+    void set_resolver(Resolver r) { resolver_ = std::move(r); }
 
     void on_sample(const Sample& s, const EventInfo& ev) override;
     void on_comm(const CommEvent& e) override;
@@ -143,6 +150,16 @@ private:
     SpanSink& sink_;
     TracepointDecoder dec_;
     SleepClassifier classifier_;
+    Resolver resolver_;
+    struct PendingSpan {
+        Span span;
+        std::string name, state, evidence, stack;  // what the span's views point at
+        int64_t ticket = -1;                       // >= 0: the label is not known yet
+        ThreadStats* st = nullptr;
+    };
+    std::deque<PendingSpan> pending_;
+    void output(const Span& s, int64_t ticket, ThreadStats* st);
+    void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
     std::unordered_map<int32_t, size_t> live_;  // tid -> index in all_
     std::unordered_map<uint32_t, uint64_t> cpu_last_;  // last event time per CPU
