@@ -116,12 +116,13 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
         }
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
+    const uint64_t layout = stack_frames_ ? layout_key(*as) : 0;
     UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
         if (stack_frames_ && f.mapping) {  // an unmapped pc is where unwinding ran off the copied stack
             bool found = false;
             {
                 std::shared_lock<std::shared_mutex> l(names_->mu);
-                auto sp = names_->names.find(as->id);
+                auto sp = names_->names.find(layout);
                 if (sp != names_->names.end()) {
                     auto it = sp->second.find(f.pc);
                     if (it != sp->second.end()) {
@@ -134,7 +135,7 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
                 std::vector<std::string> names = describe_frame(f);
                 for (const auto& n : names) add_frame(n);
                 std::unique_lock<std::shared_mutex> l(names_->mu);
-                names_->names[as->id].emplace(f.pc, std::move(names));
+                names_->names[layout].emplace(f.pc, std::move(names));
             }
         }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;

@@ -151,14 +151,35 @@ int frame_cb(Dwfl_Frame* state, void* arg) {
 DwarfUnwinder::DwarfUnwinder(ModuleCache& modules) : modules_(modules) {}
 DwarfUnwinder::~DwarfUnwinder() = default;
 
+// Address spaces with the same executable mappings at the same addresses (a
+// multiprocessing pool forked from one parent, processes of one binary
+// without ASLR) share one Dwfl: loading a module's CFI and DWARF is the
+// expensive part of unwinding, and nothing in a Dwfl is per process — memory
+// reads go through the sample being unwound.
+uint64_t layout_key(const AddressSpace& as) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+        h ^= v;
+        h *= 1099511628211ull;
+    };
+    for (const auto& [start, m] : as.maps) {
+        if (!m.exec || m.path.empty() || m.path[0] != '/') continue;
+        mix(m.start);
+        mix(m.end);
+        mix(m.pgoff);
+        mix(std::hash<std::string>{}(m.path));
+    }
+    return h;
+}
+
 DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
-    auto& sp = spaces_[as.id];
+    auto& sp = spaces_[layout_key(as)];
     if (!sp) {
         sp = std::make_unique<Space>();
         sp->dwfl = dwfl_begin(&kCallbacks);
         if (!sp->dwfl) return nullptr;
     }
-    if (sp->reported_version != as.version) {
+    if (sp->reported.empty() || sp->reported_version != as.version) {
         // Add the modules mapped since the last report; keep the ones there.
         dwfl_report_begin_add(sp->dwfl);
         for (const auto& [start, m] : as.maps) {
