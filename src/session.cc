@@ -202,7 +202,6 @@ void Session::run(EventSink& sink) {
             next_progress = rs.position() + progress_step;
         }
         ++stats_.records;
-        ++stats_.records_by_type[r.type];
         if (r.type >= PERF_RECORD_KERNEL_MAX) {
             try {
                 handle_user_record(r, q, sink);
@@ -281,7 +280,9 @@ void Session::deliver(const RawRecord& r, int event_index, EventSink& sink) {
             Sample s;
             parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
             s.in_chunk = r.compressed;
-            ++stats_.samples_by_event[event_index];
+            if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
+                stats_.samples_by_event.resize(events_.size());
+            ++stats_.samples_by_event[static_cast<size_t>(event_index)];
             if (s.has_time) {
                 if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;
                 stats_.last_time = std::max(stats_.last_time, s.time);

@@ -38,7 +38,8 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
     fs.pipe_mode = s.header().pipe;
     fs.compressed = st.compressed_records > 0;
     fs.truncated = st.truncated;
-    for (const auto& [idx, n] : st.samples_by_event) fs.event_counts[s.events()[idx].name] += n;
+    for (size_t i = 0; i < st.samples_by_event.size(); ++i)
+        if (st.samples_by_event[i]) fs.event_counts[s.events()[i].name] += st.samples_by_event[i];
     for (const auto& t : threads) {
         if (t.tid <= 0) continue;
         int32_t pid = t.tgid > 0 ? t.tgid : t.tid;

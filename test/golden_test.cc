@@ -33,7 +33,9 @@ std::map<std::string, uint64_t> event_counts(const std::string& path) {
     struct Null : EventSink {} n;
     s.run(n);
     std::map<std::string, uint64_t> out;
-    for (auto& [i, c] : s.stats().samples_by_event) out[s.events()[i].name] += c;
+    const auto& by_event = s.stats().samples_by_event;
+    for (size_t i = 0; i < by_event.size(); ++i)
+        if (by_event[i]) out[s.events()[i].name] += by_event[i];
     return out;
 }
 
@@ -171,7 +173,7 @@ TEST_CASE("golden: truncated copy yields the records before the cut and a warnin
     CHECK(a.stats.truncated);
     CHECK(a.stats.records == records);
     uint64_t got = 0;
-    for (auto& [i, n] : a.stats.samples_by_event) got += n;
+    for (uint64_t n : a.stats.samples_by_event) got += n;
     CHECK(got == samples);
     bool offset_named = false;
     for (auto& w : a.stats.warnings) offset_named |= w.find("at byte " + std::to_string(pos)) != std::string::npos;

@@ -43,8 +43,7 @@ struct EventInfo {
 
 struct DecodeStats {
     uint64_t records = 0;
-    std::map<uint32_t, uint64_t> records_by_type;
-    std::map<int, uint64_t> samples_by_event;  // EventInfo::index -> count
+    std::vector<uint64_t> samples_by_event;  // by EventInfo::index
     uint64_t lost_records = 0;      // PERF_RECORD_LOST records
     uint64_t lost_events = 0;       // sum of their `lost` fields
     uint64_t lost_samples = 0;      // PERF_RECORD_LOST_SAMPLES totals
