@@ -34,15 +34,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     ProcessMaps maps;
     ModuleOptions mopt;
     mopt.symfs = opt.symfs;
-    for (const auto& b : session.features().build_ids) {
-        static const char* hex = "0123456789abcdef";
-        std::string id;
-        for (uint8_t c : b.build_id) {
-            id += hex[c >> 4];
-            id += hex[c & 15];
-        }
-        mopt.build_ids[b.filename] = id;
-    }
+    for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
     GilStackClassifier stacks(&maps, modules, opt.sleep_stacks, session.features().os_release);
 

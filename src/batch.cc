@@ -29,11 +29,7 @@ namespace {
 
 bool wanted(const fs::path& p) {
     const std::string name = p.filename().string();
-    auto ends = [&](const char* suf) {
-        size_t n = std::strlen(suf);
-        return name.size() >= n && name.compare(name.size() - n, n, suf) == 0;
-    };
-    return ends(".data") || ends(".data.zst") || name.rfind("perf.data", 0) == 0;
+    return name.ends_with(".data") || name.ends_with(".data.zst") || name.starts_with("perf.data");
 }
 
 // A .zst archive, decompressed into a private temporary file.
@@ -74,15 +70,6 @@ void unzstd(const std::string& in, Unpacked& out) {
     std::fclose(dst);
     if (!any) throw Error(in, Error::no_offset, "empty file");
     if (last != 0) throw Error(in, Error::no_offset, "zstd archive is cut short");
-}
-
-std::string iso_date(uint64_t ns) {
-    std::time_t t = static_cast<std::time_t>(ns / 1000000000ull);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
 }
 
 struct Result {
@@ -150,9 +137,8 @@ std::string csv_field(const nlohmann::json& v) {
 
 std::string trace_name(const std::string& path, size_t index) {
     std::string base = fs::path(path).filename().string();
-    for (const char* suf : {".zst", ".data"})
-        if (base.size() > std::strlen(suf) && base.compare(base.size() - std::strlen(suf), std::strlen(suf), suf) == 0)
-            base.resize(base.size() - std::strlen(suf));
+    for (std::string_view suf : {".zst", ".data"})
+        if (base.size() > suf.size() && base.ends_with(suf)) base.resize(base.size() - suf.size());
     return std::to_string(index) + "-" + base + ".json";
 }
 
@@ -223,7 +209,7 @@ int batch_main(int argc, char** argv) {
         return 1;
     }
     if (!traces_dir.empty()) fs::create_directories(traces_dir);
-    const bool csv = summary_path.size() > 4 && summary_path.compare(summary_path.size() - 4, 4, ".csv") == 0;
+    const bool csv = summary_path.ends_with(".csv");
 
     std::vector<Result> results(inputs.size());
     std::atomic<size_t> next{0}, done{0}, failed{0};
@@ -248,7 +234,7 @@ int batch_main(int argc, char** argv) {
                 Unpacked tmp;
                 AnalysisOptions o;
                 o.input = r.path;
-                if (r.path.size() > 4 && r.path.compare(r.path.size() - 4, 4, ".zst") == 0) {
+                if (r.path.ends_with(".zst")) {
                     unzstd(r.path, tmp);
                     o.input = tmp.path;
                     o.display_name = r.path;
@@ -262,7 +248,7 @@ int batch_main(int argc, char** argv) {
                 struct stat st {};
                 r.date = !r.summary.date.empty() ? r.summary.date
                          : ::stat(r.path.c_str(), &st) == 0
-                             ? iso_date(static_cast<uint64_t>(st.st_mtime) * 1000000000ull)
+                             ? iso8601_utc(static_cast<int64_t>(st.st_mtime) * 1000000000)
                              : "";
             } catch (const std::exception& e) {
                 r.error = e.what();

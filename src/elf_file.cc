@@ -14,15 +14,6 @@ constexpr uint32_t SHT_DYNSYM = 11;
 constexpr uint32_t SHN_UNDEF = 0;
 constexpr uint32_t NT_GNU_BUILD_ID = 3;
 
-std::string hex(Bytes b) {
-    static const char* digits = "0123456789abcdef";
-    std::string s;
-    for (uint8_t c : b) {
-        s += digits[c >> 4];
-        s += digits[c & 15];
-    }
-    return s;
-}
 }  // namespace
 
 std::string_view symbol_base_name(std::string_view name) {
@@ -153,7 +144,7 @@ void ElfFile::parse() {
             if (dsz > nc.left()) break;
             Bytes desc = nc.bytes(dsz);
             if (type == NT_GNU_BUILD_ID && namesz == 4 && std::memcmp(name.data(), "GNU", 4) == 0)
-                build_id_ = hex(desc.first(descsz));
+                build_id_ = to_hex(desc.first(descsz));
         }
     };
     for (const auto& s : sections_)

@@ -23,25 +23,18 @@ struct OutputFile::Codec {
     }
 };
 
-namespace {
-bool ends_with(const std::string& s, const char* suffix) {
-    size_t n = std::strlen(suffix);
-    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-}  // namespace
-
 OutputFile::OutputFile(std::string path) : path_(std::move(path)), buf_(1u << 20) {
     if (path_ == "-") {
         stdout_ = true;
         f_ = stdout;
         return;
     }
-    if (ends_with(path_, ".gz")) {
+    if (path_.ends_with(".gz")) {
         codec_ = std::make_unique<Codec>();
         codec_->gzip = true;
         if (deflateInit2(&codec_->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
             throw Error(path_, Error::no_offset, "zlib initialisation failed");
-    } else if (ends_with(path_, ".zst")) {
+    } else if (path_.ends_with(".zst")) {
         codec_ = std::make_unique<Codec>();
         codec_->zstd = ZSTD_createCCtx();
         ZSTD_CCtx_setParameter(codec_->zstd, ZSTD_c_compressionLevel, 3);

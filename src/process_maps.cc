@@ -43,11 +43,7 @@ void ProcessMaps::on_mmap(const MmapEvent& e) {
     m.path = std::string(e.filename);
     m.ino = e.ino;
     m.exec = e.executable;
-    static const char* hex = "0123456789abcdef";
-    for (uint8_t i = 0; i < e.build_id_size; ++i) {
-        m.build_id += hex[e.build_id[i] >> 4];
-        m.build_id += hex[e.build_id[i] & 15];
-    }
+    m.build_id = to_hex(Bytes(e.build_id, e.build_id_size));
     // A new mapping replaces whatever overlapped it (mmap MAP_FIXED semantics).
     auto lo = as.maps.lower_bound(m.start);
     if (lo != as.maps.begin()) {

@@ -7,6 +7,15 @@
 
 namespace gilscan {
 
+std::string iso8601_utc(int64_t ns) {
+    std::time_t t = static_cast<std::time_t>(ns / 1000000000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
                           const std::unordered_set<int32_t>& pids, const GilTracker* gil) {
     FileSummary fs;
@@ -20,13 +29,8 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
     if (const auto& cd = s.features().clock_data; cd && st.have_time) {
         // Wall clock of the first event: tod at the reference point, moved by
         // how far the first event is from that point on the recording clock.
-        int64_t tod = static_cast<int64_t>(cd->tod_ns) + (static_cast<int64_t>(st.first_time) - static_cast<int64_t>(cd->clockid_ns));
-        std::time_t t = static_cast<std::time_t>(tod / 1000000000);
-        std::tm tm{};
-        ::gmtime_r(&t, &tm);
-        char buf[32];
-        std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        fs.date = buf;
+        fs.date = iso8601_utc(static_cast<int64_t>(cd->tod_ns) +
+                              (static_cast<int64_t>(st.first_time) - static_cast<int64_t>(cd->clockid_ns)));
     }
     fs.last_time = st.last_time;
     fs.lost_events = st.lost_events;
@@ -40,6 +44,9 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
     fs.truncated = st.truncated;
     for (size_t i = 0; i < st.samples_by_event.size(); ++i)
         if (st.samples_by_event[i]) fs.event_counts[s.events()[i].name] += st.samples_by_event[i];
+    std::unordered_set<int32_t> gil_pids;  // processes that ran the probed Python
+    if (gil && gil->seen_probes())
+        for (const auto& gp : gil->processes()) gil_pids.insert(gp.pid);
     for (const auto& t : threads) {
         if (t.tid <= 0) continue;
         int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
@@ -52,9 +59,7 @@ FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& thre
         ts.main_thread = t.tid == pid;
         if (gil && gil->seen_probes() && !t.replaced_by_exec) {
             // GIL figures for every thread of a process that ran the probed Python.
-            bool process_has_gil = false;
-            for (const auto& gp : gil->processes()) process_has_gil |= gp.pid == pid;
-            if (process_has_gil) {
+            if (gil_pids.count(pid)) {
                 const GilThreadStats* g = gil->thread(t.tid);
                 uint64_t wait = g ? g->wait_ns : 0, hold = g ? g->hold_ns : 0;
                 ts.gil_wait_ns = wait;

@@ -129,6 +129,18 @@ private:
     uint64_t base_ = 0;
 };
 
+// Lower-case hex of raw bytes (build-ids as perf and readelf print them).
+inline std::string to_hex(Bytes b) {
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    s.reserve(b.size() * 2);
+    for (uint8_t c : b) {
+        s += digits[c >> 4];
+        s += digits[c & 15];
+    }
+    return s;
+}
+
 // An array of u64 inside the file (callchain ips, user registers), read lazily.
 struct U64Array {
     Bytes bytes;

@@ -53,6 +53,9 @@ struct FileSummary {
     StackStats stack_stats;
 };
 
+// "2026-11-29T12:02:26Z" for nanoseconds since the epoch.
+std::string iso8601_utc(int64_t ns);
+
 FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
                           const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr);
 // With GIL uprobes in the recording, the table shows the threads of the
