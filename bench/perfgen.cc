@@ -106,16 +106,12 @@ public:
             else if (base == "drop_gil") drop = e;
             else if (base == "drop_gil__return") drop_ret = e;
         }
-        for (Ev* e : {&sw, &waking, &wakeup, &fork, &take, &take_ret, &drop, &drop_ret})
-            if (e->index >= 0) e->id = ids_of(e->index);
-    }
-
-    uint64_t ids_of(int index) const {
-        // The first id perf gave this event (from the attr's ids section).
-        const FileHeader& h = s.header();
+        // The first id perf gave each event (from the attrs' ids sections), read once.
         MappedFile f(s.path());
-        auto attrs = read_attrs(f.bytes(), h, s.path());
-        return attrs[static_cast<size_t>(index)].ids.empty() ? 0 : attrs[static_cast<size_t>(index)].ids[0];
+        auto attrs = read_attrs(f.bytes(), s.header(), s.path());
+        for (Ev* e : {&sw, &waking, &wakeup, &fork, &take, &take_ret, &drop, &drop_ret})
+            if (e->index >= 0 && !attrs[static_cast<size_t>(e->index)].ids.empty())
+                e->id = attrs[static_cast<size_t>(e->index)].ids[0];
     }
 
     void sample(const Sample& smp, const EventInfo& ev) {

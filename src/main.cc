@@ -191,27 +191,25 @@ int run(const Options& opt) {
     return 0;
 }
 
+// A subcommand's one-line error and exit status for anything it throws.
+template <class F>
+int guarded(int status_on_error, F&& f) {
+    try {
+        return f();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "gilscan: error: %s\n", e.what());
+        return status_on_error;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc > 1 && std::strcmp(argv[1], "probe") == 0) {
-        try {
-            return gilscan::probe_main(argc, argv);
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
-            return 1;
-        }
-    }
-    if (argc > 1 && std::strcmp(argv[1], "batch") == 0) {
-        try {
-            return gilscan::batch_main(argc, argv);
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
-            return 2;
-        }
-    }
-    if (argc > 1 && std::strcmp(argv[1], "record") == 0) {
-        try {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "probe") return guarded(1, [&] { return gilscan::probe_main(argc, argv); });
+    if (cmd == "batch") return guarded(2, [&] { return gilscan::batch_main(argc, argv); });
+    if (cmd == "record") {
+        return guarded(1, [&] {
             gilscan::RecordResult r = gilscan::record_main(argc, argv);
             if (!r.analyse) return r.status;
             Options opt;
@@ -223,10 +221,7 @@ int main(int argc, char** argv) {
             int rc = run(opt);
             if (!r.quiet && !opt.output.empty()) std::fprintf(stderr, "gilscan: wrote %s\n", opt.output.c_str());
             return rc != 0 ? rc : r.status;
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "gilscan: error: %s\n", e.what());
-            return 1;
-        }
+        });
     }
     Options opt = parse_args(argc, argv);
     try {

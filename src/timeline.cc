@@ -16,12 +16,11 @@ std::string_view span_kind_name(SpanKind k) {
 
 Timeline::Timeline(const Session& session, SpanSink& sink) : session_(session), sink_(sink) {}
 
-Timeline::Thread& Timeline::thread(int32_t tid, uint64_t t) {
+Timeline::Thread& Timeline::thread(int32_t tid) {
     auto it = live_.find(tid);
     if (it != live_.end()) return all_[it->second];
     Thread th;
     th.st.tid = tid;
-    (void)t;
     th.st.first_seen = ~uint64_t{0};  // set by the first scheduler event, not by COMM/FORK
     th.st.last_seen = 0;
     live_[tid] = all_.size();
@@ -276,7 +275,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
     const bool swap = session_.swap();
     // The sample's own task is running now: learn its process.
     if (s.tid > 0 && k != TpKind::SchedSwitch) {
-        Thread& cur = thread(s.tid, t);
+        Thread& cur = thread(s.tid);
         set_tgid(cur, s.pid);
         touch(cur, t);
         own_event(cur, t, k != TpKind::SchedWaking && k != TpKind::SchedWakeup && k != TpKind::SchedWakeupNew);
@@ -287,7 +286,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         if (!dec_.decode(s, ev, swap, sw)) return;
         ++sched_events_;
         if (sw.prev_pid > 0) {
-            Thread& p = thread(sw.prev_pid, t);
+            Thread& p = thread(sw.prev_pid);
             if (s.tid == sw.prev_pid) set_tgid(p, s.pid);
             if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
             touch(p, t);
@@ -299,7 +298,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
             p.last_own = t;
         }
         if (sw.next_pid > 0) {
-            Thread& n = thread(sw.next_pid, t);
+            Thread& n = thread(sw.next_pid);
             if (n.st.comm.empty()) n.st.comm = std::string(sw.next_comm);
             touch(n, t);
             switch_in(n, t, s.cpu);
@@ -313,7 +312,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         if (!dec_.decode(s, ev, swap, w)) return;
         ++sched_events_;
         if (w.pid <= 0) return;
-        Thread& th = thread(w.pid, t);
+        Thread& th = thread(w.pid);
         if (th.st.comm.empty()) th.st.comm = std::string(w.comm);
         touch(th, t);
         wake(th, t, s.tid);
@@ -324,7 +323,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         if (!dec_.decode(s, ev, swap, f)) return;
         ++sched_events_;
         if (f.child_pid <= 0) return;
-        Thread& c = thread(f.child_pid, t);
+        Thread& c = thread(f.child_pid);
         if (!f.child_comm.empty()) c.st.comm = std::string(f.child_comm);
         touch(c, t);
         break;
@@ -357,7 +356,7 @@ void Timeline::on_comm(const CommEvent& e) {
         old.known = false;
         old.st.replaced_by_exec = true;
         live_.erase(it);
-        Thread& th = thread(e.tid, t);
+        Thread& th = thread(e.tid);
         set_tgid(th, e.pid);
         th.st.comm = std::string(e.comm);
         th.st.monitored = true;
@@ -369,16 +368,15 @@ void Timeline::on_comm(const CommEvent& e) {
         touch(th, t);
         return;
     }
-    Thread& th = thread(e.tid, t);
+    Thread& th = thread(e.tid);
     set_tgid(th, e.pid);
     th.st.comm = std::string(e.comm);
 }
 
 void Timeline::on_fork(const TaskEvent& e) {
-    uint64_t t = e.sid.has_time ? e.sid.time : e.time;
     auto it = live_.find(e.tid);
     if (it != live_.end() && (all_[it->second].st.exited || all_[it->second].dead)) live_.erase(it);
-    Thread& th = thread(e.tid, t);
+    Thread& th = thread(e.tid);
     set_tgid(th, e.pid);
     if (th.st.comm.empty()) {
         auto p = live_.find(e.ptid);

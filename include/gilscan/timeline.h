@@ -136,7 +136,7 @@ private:
         bool dead = false;
     };
 
-    Thread& thread(int32_t tid, uint64_t t);
+    Thread& thread(int32_t tid);
     void set_tgid(Thread& th, int32_t tgid);
     void close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as = std::nullopt);
     void emit(Thread& th, uint64_t start, uint64_t end, bool cut);
