@@ -65,23 +65,24 @@ bool RecordStream::next_from_file(RawRecord& r) {
     }
     r.body = file_.subspan(at + 8, r.size - 8u);
     uint64_t next = at + r.size;
-    // Records whose payload continues past header.size.
+    // Records whose payload continues past header.size: its length is the
+    // body's first field (u32 for tracing data, u64 for AUXTRACE).
+    uint64_t extra = 0;
+    const char* what = nullptr;
     if (r.type == PERF_RECORD_HEADER_TRACING_DATA && r.body.size() >= 4) {
-        uint32_t size = load<uint32_t>(r.body.data(), swap_);
-        if (size > end_ - next) {
-            stop(at, "file ends inside the tracing data");
-            return false;
-        }
-        r.extra = file_.subspan(next, size);
-        next += size;
+        extra = load<uint32_t>(r.body.data(), swap_);
+        what = "the tracing data";
     } else if (r.type == PERF_RECORD_AUXTRACE && r.body.size() >= 8) {
-        uint64_t size = load<uint64_t>(r.body.data(), swap_);
-        if (size > end_ - next) {
-            stop(at, "file ends inside AUXTRACE data");
+        extra = load<uint64_t>(r.body.data(), swap_);
+        what = "AUXTRACE data";
+    }
+    if (what) {
+        if (extra > end_ - next) {
+            stop(at, std::string("file ends inside ") + what);
             return false;
         }
-        r.extra = file_.subspan(next, size);
-        next += size;
+        r.extra = file_.subspan(next, extra);
+        next += extra;
     }
     pos_ = next;
     return true;
