@@ -226,16 +226,29 @@ TEST_CASE("every cut of a synthetic recording decodes or errors cleanly") {
         PerfWriter::BuildOptions o;
         o.compress_chunk = pipe ? 0 : 40;
         auto full = pipe ? r.w.build_pipe() : r.w.build(o);
-        for (size_t cut = 0; cut < full.size(); ++cut) {
+        auto samples = [](const Analysis& a) {
+            uint64_t n = 0;
+            for (uint64_t c : a.stats.samples_by_event) n += c;
+            return n;
+        };
+        const uint64_t all = samples(analyse_bytes(full));
+        REQUIRE(all == 4);
+        size_t decoded = 0, errors = 0;
+        for (size_t cut = 1; cut < full.size(); ++cut) {
+            CAPTURE(cut);
             std::vector<uint8_t> part(full.begin(), full.begin() + static_cast<long>(cut));
-            if (part.empty()) continue;
             try {
                 Analysis a = analyse_bytes(part);
-                (void)a;
-            } catch (const Error&) {
-                // a one-line error is an acceptable outcome; a crash is not
+                ++decoded;
+                CHECK(samples(a) <= all);  // nothing invented from a cut
+                if (!pipe) CHECK_FALSE(a.stats.warnings.empty());  // the header says more data: always warned
+            } catch (const Error& e) {
+                ++errors;  // a one-line error naming the file is acceptable; a crash is not
+                CHECK(std::string(e.what()).find("gilscan-test-") != std::string::npos);
             }
         }
+        CHECK(decoded > 0);
+        CHECK(errors > 0);
     }
 }
 
