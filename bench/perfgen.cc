@@ -17,6 +17,7 @@
 // generated process gets the template Python's mappings, so the copied
 // stacks unwind exactly as they did in the template.
 #include <cstdint>
+#include <deque>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -142,8 +143,12 @@ public:
     }
 
     void mmap(const MmapEvent& e) {
-        if (e.mmap2 && e.executable && e.filename.size() && e.filename[0] == '/') maps.push_back(e);
-        // filename views point into the template mapping, kept alive by `s`.
+        if (!(e.mmap2 && e.executable && e.filename.size() && e.filename[0] == '/')) return;
+        // The record's bytes are only valid during delivery: keep the name.
+        names.emplace_back(e.filename);
+        MmapEvent m = e;
+        m.filename = names.back();
+        maps.push_back(m);
     }
 
     Session s;
@@ -151,6 +156,7 @@ public:
     Ev sw, waking, wakeup, fork, take, take_ret, drop, drop_ret;
     std::vector<StackCopy> stacks;
     std::vector<MmapEvent> maps;
+    std::deque<std::string> names;  // what maps' filenames point at
     int32_t python_pid = 0;
 };
 

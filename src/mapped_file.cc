@@ -1,5 +1,6 @@
 #include "gilscan/mapped_file.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -34,15 +35,17 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
         ::close(fd);
         throw Error(path, Error::no_offset, "empty file, not a perf.data recording");
     }
-    // Files up to 256 MiB are mapped in one go (fewer page faults); larger
-    // ones fault in as they stream past and are released behind the decoder.
-    const int populate = size_ <= (256u << 20) ? MAP_POPULATE : 0;
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | populate, fd, 0);
+    // Only the header and feature sections are touched through the mapping
+    // (a few pages); the data section is read with pread() through fd_.
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) throw Error(path, Error::no_offset, std::string("mmap: ") + std::strerror(e));
-    ::madvise(p, size_, MADV_SEQUENTIAL);
+    if (p == MAP_FAILED) {
+        ::close(fd);
+        throw Error(path, Error::no_offset, std::string("mmap: ") + std::strerror(e));
+    }
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     data_ = static_cast<const uint8_t*>(p);
+    fd_ = fd;
 }
 
 MappedFile::MappedFile(const std::string& name, Bytes memory)
@@ -52,15 +55,25 @@ MappedFile::MappedFile(const std::string& name, Bytes memory)
 
 MappedFile::~MappedFile() {
     if (data_ && owned_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
 }
 
-void MappedFile::release(uint64_t offset, uint64_t length) const {
-    if (!owned_) return;
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    uint64_t begin = (offset + page - 1) / page * page;
-    uint64_t end = std::min(offset + length, size_) / page * page;
-    if (end > begin)
-        ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
+size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n) const {
+    if (offset >= size_) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
+    if (fd_ < 0) {
+        std::memcpy(dst, data_ + offset, n);
+        return n;
+    }
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) throw Error(path_, offset + done, std::string("read: ") + std::strerror(errno));
+        if (r == 0) break;  // the file shrank under us
+        done += static_cast<size_t>(r);
+    }
+    return done;
 }
 
 }  // namespace gilscan

@@ -1,16 +1,60 @@
 #include "gilscan/record_stream.h"
 
+#include <algorithm>
+
 #include <zstd.h>
 
 #include "gilscan/perf_abi.h"
 
 namespace gilscan {
 
-RecordStream::RecordStream(Bytes file, uint64_t begin, uint64_t end, bool swap, const std::string& path)
-    : file_(file), pos_(begin), end_(std::min<uint64_t>(end, file.size())), swap_(swap), path_(path) {}
+namespace {
+constexpr size_t kKeepFreeChunks = 8;  // spare buffers kept for reuse; more are freed
+}
+
+uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
+    uint32_t id;
+    if (!free_.empty()) {
+        id = free_.back();
+        free_.pop_back();
+    } else {
+        id = static_cast<uint32_t>(chunks_.size());
+        chunks_.emplace_back();
+    }
+    Chunk& c = chunks_[id];
+    c.bytes.clear();
+    c.bytes.reserve(capacity);
+    c.refs = 1;
+    c.base = base;
+    c.compressed = compressed;
+    return id;
+}
+
+void ChunkTable::release(uint32_t id) {
+    Chunk& c = chunks_[id];
+    if (--c.refs != 0) return;
+    if (free_.size() >= kKeepFreeChunks) {
+        c.bytes.clear();
+        c.bytes.shrink_to_fit();
+    }
+    free_.push_back(id);
+}
+
+RecordStream::RecordStream(const MappedFile& file, uint64_t begin, uint64_t end, bool swap, ChunkTable& chunks,
+                           size_t chunk_size)
+    : file_(file),
+      pos_(begin),
+      end_(std::min<uint64_t>(end, file.size())),
+      swap_(swap),
+      chunks_(chunks),
+      chunk_size_(std::max<size_t>(chunk_size, 64)),
+      cbase_(begin),
+      cend_(begin) {}
 
 RecordStream::~RecordStream() {
     if (dctx_) ZSTD_freeDCtx(dctx_);
+    if (fchunk_ != kNoChunk) chunks_.release(fchunk_);
+    if (dchunk_ != kNoChunk) chunks_.release(dchunk_);
 }
 
 void RecordStream::stop(uint64_t offset, const std::string& why) {
@@ -19,18 +63,24 @@ void RecordStream::stop(uint64_t offset, const std::string& why) {
         stop_offset_ = offset;
     }
     pos_ = end_;
-    dbuf_.reset();
+    drop_decompressed();
+}
+
+void RecordStream::drop_decompressed() {
+    if (dchunk_ != kNoChunk) chunks_.release(dchunk_);
+    dchunk_ = kNoChunk;
+    dpos_ = 0;
 }
 
 bool RecordStream::next(RawRecord& r) {
     for (;;) {
-        if (dbuf_ && next_from_decompressed(r)) return true;
+        if (dchunk_ != kNoChunk && next_from_decompressed(r)) return true;
         if (!next_from_file(r)) {
-            if (dbuf_ && dpos_ < dbuf_->size()) {
+            if (dchunk_ != kNoChunk && dpos_ < chunks_.bytes(dchunk_).size()) {
                 warnings_.push_back("compressed data ends inside a record (" +
-                                    std::to_string(dbuf_->size() - dpos_) + " bytes left over)");
-                dbuf_.reset();
+                                    std::to_string(chunks_.bytes(dchunk_).size() - dpos_) + " bytes left over)");
             }
+            drop_decompressed();
             return false;
         }
         if (r.type == PERF_RECORD_COMPRESSED || r.type == PERF_RECORD_COMPRESSED2) {
@@ -41,47 +91,82 @@ bool RecordStream::next(RawRecord& r) {
     }
 }
 
+bool RecordStream::ensure(uint64_t n) {
+    if (pos_ + n <= cend_) return true;
+    // Start a new chunk with the unfinished tail of the current one. The old
+    // chunk lives on while queued records still point into it.
+    // After a payload skipped past header.size, pos_ may be beyond the chunk.
+    const uint64_t carried = pos_ < cend_ ? cend_ - pos_ : 0;
+    const uint64_t from = pos_ + carried;
+    const size_t cap = static_cast<size_t>(std::max<uint64_t>(chunk_size_, n));
+    uint32_t id = chunks_.acquire(cap, pos_, false);
+    std::vector<uint8_t>& buf = chunks_.bytes(id);
+    buf.resize(cap);
+    if (carried) std::memcpy(buf.data(), chunks_.data(fchunk_) + (pos_ - cbase_), static_cast<size_t>(carried));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(cap - carried, end_ - from));
+    size_t got = file_.read(from, buf.data() + carried, want);
+    buf.resize(static_cast<size_t>(carried) + got);
+    if (fchunk_ != kNoChunk) chunks_.release(fchunk_);
+    fchunk_ = id;
+    cbase_ = pos_;
+    cend_ = pos_ + carried + got;
+    if (got < want) end_ = cend_;  // the file shrank while we read it
+    return pos_ + n <= cend_;
+}
+
 bool RecordStream::next_from_file(RawRecord& r) {
     if (pos_ >= end_) return false;
     const uint64_t at = pos_;
-    if (end_ - at < PERF_EVENT_HEADER_SIZE) {
+    if (end_ - at < PERF_EVENT_HEADER_SIZE || !ensure(PERF_EVENT_HEADER_SIZE)) {
         stop(at, "file ends inside a record header");
         return false;
     }
-    const uint8_t* p = file_.data() + at;
-    r = RawRecord{};
+    const uint8_t* p = chunks_.data(fchunk_) + (at - cbase_);
     r.type = load<uint32_t>(p, swap_);
     r.misc = load<uint16_t>(p + 4, swap_);
     r.size = load<uint16_t>(p + 6, swap_);
     r.offset = at;
+    r.compressed = false;
+    r.extra = {};
     if (r.size < PERF_EVENT_HEADER_SIZE) {
         stop(at, "record of size " + std::to_string(r.size) + " < 8; the rest of the data cannot be framed");
         return false;
     }
-    if (r.size > end_ - at) {
+    if (r.size > end_ - at || !ensure(r.size)) {
         stop(at, "file ends inside a record (type " + std::to_string(r.type) + ", " + std::to_string(r.size) +
                      " bytes)");
         return false;
     }
-    r.body = file_.subspan(at + 8, r.size - 8u);
+    p = chunks_.data(fchunk_) + (at - cbase_);
+    r.chunk = fchunk_;
+    r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
     uint64_t next = at + r.size;
     // Records whose payload continues past header.size: its length is the
     // body's first field (u32 for tracing data, u64 for AUXTRACE).
-    uint64_t extra = 0;
-    const char* what = nullptr;
     if (r.type == PERF_RECORD_HEADER_TRACING_DATA && r.body.size() >= 4) {
-        extra = load<uint32_t>(r.body.data(), swap_);
-        what = "the tracing data";
-    } else if (r.type == PERF_RECORD_AUXTRACE && r.body.size() >= 8) {
-        extra = load<uint64_t>(r.body.data(), swap_);
-        what = "AUXTRACE data";
-    }
-    if (what) {
+        const uint64_t extra = load<uint32_t>(r.body.data(), swap_);
         if (extra > end_ - next) {
-            stop(at, std::string("file ends inside ") + what);
+            stop(at, "file ends inside the tracing data");
             return false;
         }
-        r.extra = file_.subspan(next, extra);
+        if (extra > kMaxExtraPayload) {
+            stop(at, "tracing data of " + std::to_string(extra) + " bytes is implausible");
+            return false;
+        }
+        extra_.resize(static_cast<size_t>(extra));
+        if (file_.read(next, extra_.data(), extra_.size()) != extra_.size()) {
+            stop(at, "file ends inside the tracing data");
+            return false;
+        }
+        r.extra = Bytes(extra_.data(), extra_.size());
+        next += extra;
+    } else if (r.type == PERF_RECORD_AUXTRACE && r.body.size() >= 8) {
+        // Hardware trace data (Intel PT, ...): framed and skipped unread.
+        const uint64_t extra = load<uint64_t>(r.body.data(), swap_);
+        if (extra > end_ - next) {
+            stop(at, "file ends inside AUXTRACE data");
+            return false;
+        }
         next += extra;
     }
     pos_ = next;
@@ -105,62 +190,66 @@ void RecordStream::decompress(const RawRecord& c) {
         payload = payload.subspan(8, data_size);
     }
     if (!dctx_) dctx_ = ZSTD_createDCtx();
-    // Start a new buffer with the undecoded tail of the previous chunk.
-    auto buf = std::make_shared<std::vector<uint8_t>>();
-    if (dbuf_ && dpos_ < dbuf_->size()) buf->assign(dbuf_->begin() + static_cast<long>(dpos_), dbuf_->end());
-    const size_t carried = buf->size();
-    ZSTD_inBuffer in{payload.data(), payload.size(), 0};
+    // A new chunk starts with the undecoded tail of the previous one.
     const size_t step = ZSTD_DStreamOutSize();
+    uint32_t id = chunks_.acquire(std::max(chunk_size_, step * 2), c.offset, true);
+    std::vector<uint8_t>& buf = chunks_.bytes(id);
+    if (dchunk_ != kNoChunk) {
+        const std::vector<uint8_t>& old = chunks_.bytes(dchunk_);
+        if (dpos_ < old.size()) buf.assign(old.begin() + static_cast<long>(dpos_), old.end());
+    }
+    drop_decompressed();
+    const size_t carried = buf.size();
+    ZSTD_inBuffer in{payload.data(), payload.size(), 0};
     while (in.pos < in.size) {
-        size_t old = buf->size();
+        size_t old = buf.size();
         if (old - carried > kMaxDecompressedChunk) {
             warnings_.push_back("compressed record at byte " + std::to_string(c.offset) +
                                 " expands beyond 256 MiB; skipped");
-            buf->resize(carried);
+            buf.resize(carried);
             ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
             break;
         }
-        buf->resize(old + step);
-        ZSTD_outBuffer out{buf->data() + old, step, 0};
+        buf.resize(old + step);
+        ZSTD_outBuffer out{buf.data() + old, step, 0};
         size_t rc = ZSTD_decompressStream(dctx_, &out, &in);
-        buf->resize(old + out.pos);
+        buf.resize(old + out.pos);
         if (ZSTD_isError(rc)) {
             warnings_.push_back("compressed record at byte " + std::to_string(c.offset) +
                                 " does not decompress (" + ZSTD_getErrorName(rc) + "); its events are lost");
             // The stream cannot continue mid-frame: drop this chunk's output and any carried tail.
-            buf->clear();
+            buf.clear();
             ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
             break;
         }
         if (out.pos == 0 && in.pos == in.size) break;
     }
-    decompressed_bytes_ += buf->size() - carried;
-    dbuf_ = std::move(buf);
+    decompressed_bytes_ += buf.size() - carried;
+    dchunk_ = id;
     dpos_ = 0;
-    dsource_offset_ = c.offset;
 }
 
 bool RecordStream::next_from_decompressed(RawRecord& r) {
-    const std::vector<uint8_t>& b = *dbuf_;
+    const std::vector<uint8_t>& b = chunks_.bytes(dchunk_);
     size_t left = b.size() - dpos_;
     if (left < PERF_EVENT_HEADER_SIZE) return false;  // the tail waits for the next chunk
     const uint8_t* p = b.data() + dpos_;
-    r = RawRecord{};
     r.type = load<uint32_t>(p, swap_);
     r.misc = load<uint16_t>(p + 4, swap_);
     r.size = load<uint16_t>(p + 6, swap_);
-    r.offset = dsource_offset_;
+    r.offset = chunks_.base(dchunk_);
     r.compressed = true;
-    r.owner = dbuf_;
+    r.extra = {};
+    r.chunk = dchunk_;
     if (r.size < PERF_EVENT_HEADER_SIZE) {
         warnings_.push_back("decompressed record of size " + std::to_string(r.size) +
-                            " < 8 in the chunk at byte " + std::to_string(dsource_offset_) +
+                            " < 8 in the chunk at byte " + std::to_string(r.offset) +
                             "; the rest of that chunk was dropped");
-        dbuf_.reset();
+        drop_decompressed();
         return false;
     }
     if (r.size > left) return false;  // straddles into the next chunk
-    r.body = Bytes(p + 8, r.size - 8u);
+    r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
     dpos_ += r.size;
     return true;
 }

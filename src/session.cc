@@ -1,6 +1,7 @@
 #include "gilscan/session.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "gilscan/perf_abi.h"
 
@@ -8,7 +9,6 @@ namespace gilscan {
 
 namespace {
 constexpr uint64_t PERF_EVENT_UPDATE__NAME = 2;
-constexpr uint64_t kReleaseEvery = 64u << 20;  // drop decoded pages every 64 MiB
 }  // namespace
 
 Session::Session(const std::string& path) : file_(path) { open(); }
@@ -56,8 +56,28 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
         throw Error(path(), Error::no_offset,
                     "events place their sample id at different positions; perf cannot read this file either");
     }
+    ev.sample_time_index = sample_time_index(attr.sample_type);
+    if (attr.sample_id_all() && (attr.sample_type & PERF_SAMPLE_TIME))
+        ev.trailer_words = static_cast<int>(sample_id_trailer_size(attr.sample_type) / 8),
+        ev.trailer_time_index = 1 + std::popcount(attr.sample_type & (PERF_SAMPLE_ID | PERF_SAMPLE_STREAM_ID |
+                                                                      PERF_SAMPLE_CPU | PERF_SAMPLE_IDENTIFIER));
     for (uint64_t id : ids) id_to_event_[id] = ev.index;
     events_.push_back(std::move(ev));
+    rebuild_dense_ids();
+}
+
+void Session::rebuild_dense_ids() {
+    dense_ids_.clear();
+    if (id_to_event_.empty()) return;
+    uint64_t lo = ~uint64_t{0}, hi = 0;
+    for (const auto& [id, ev] : id_to_event_) {
+        lo = std::min(lo, id);
+        hi = std::max(hi, id);
+    }
+    if (hi - lo >= (1u << 20)) return;  // scattered ids: the map alone
+    dense_base_ = lo;
+    dense_ids_.assign(static_cast<size_t>(hi - lo + 1), -1);
+    for (const auto& [id, ev] : id_to_event_) dense_ids_[static_cast<size_t>(id - lo)] = ev;
 }
 
 void Session::set_tracing(Bytes data, uint64_t offset) {
@@ -121,6 +141,17 @@ std::string Session::clock() const {
     return "perf_clock";  // the kernel's local clock (sched_clock)
 }
 
+int Session::event_for_id(uint64_t id) {
+    if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
+    const uint64_t rel = id - dense_base_;
+    if (rel < dense_ids_.size()) {
+        int ev = dense_ids_[static_cast<size_t>(rel)];
+        if (ev >= 0) return ev;
+    }
+    auto it = id_to_event_.find(id);
+    return it == id_to_event_.end() ? -2 : it->second;
+}
+
 int Session::event_for(const RawRecord& r) {
     if (events_.size() == 1) return 0;
     if (events_.empty()) return -1;
@@ -129,19 +160,11 @@ int Session::event_for(const RawRecord& r) {
     if (index < 0) return 0;  // no id in the record: perf uses the first event
     uint64_t pos = sample ? static_cast<uint64_t>(index) * 8 : r.body.size() - static_cast<uint64_t>(index) * 8;
     if (r.body.size() < static_cast<uint64_t>(index + 1) * 8 || pos + 8 > r.body.size()) return -2;
-    uint64_t id = load<uint64_t>(r.body.data() + pos, header_.swap);
-    if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
-    // Records of one CPU buffer come in runs of a few ids: remember the last.
-    if (id == last_id_) return last_event_;
-    auto it = id_to_event_.find(id);
-    if (it == id_to_event_.end()) return -2;
-    last_id_ = id;
-    last_event_ = it->second;
-    return it->second;
+    return event_for_id(load<uint64_t>(r.body.data() + pos, header_.swap));
 }
 
 void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink) {
-    auto deliver = [&](const RawRecord& rec, int ev) { this->deliver(rec, ev, sink); };
+    auto deliver = [&](const RawRecord& rec) { this->deliver(rec, sink); };
     Cursor c(r.body, header_.swap, &file_.path(), r.offset + 8);
     switch (r.type) {
     case PERF_RECORD_FINISHED_ROUND: q.finished_round(deliver); break;
@@ -170,7 +193,7 @@ void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink&
         if (type == PERF_EVENT_UPDATE__NAME) {
             auto it = id_to_event_.find(id);
             if (it != id_to_event_.end()) {
-                events_[it->second].name = std::string(c.fixed_string(c.left()));
+                events_[static_cast<size_t>(it->second)].name = std::string(c.fixed_string(c.left()));
                 events_[it->second].name_known = true;
             }
         }
@@ -189,10 +212,10 @@ void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink&
 void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
-    RecordStream rs(file_.bytes(), begin, end, header_.swap, file_.path());
-    OrderedQueue q(4u << 20, header_.swap);
-    auto deliver = [&](const RawRecord& rec, int ev) { this->deliver(rec, ev, sink); };
-    uint64_t released = begin;
+    ChunkTable chunks;
+    RecordStream rs(file_, begin, end, header_.swap, chunks, chunk_size_);
+    OrderedQueue q(chunks, 4u << 20, header_.swap);
+    auto deliver = [&](const RawRecord& rec) { this->deliver(rec, sink); };
     uint64_t next_progress = begin;
     const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
     RawRecord r;
@@ -220,34 +243,21 @@ void Session::run(EventSink& sink) {
             continue;
         }
         // Timestamp: a sample's TIME field, else the sample_id_all trailer.
-        const PerfEventAttr& attr = events_[ev].attr;
-        uint64_t time = 0;
-        bool has_time = false;
+        const EventInfo& info = events_[static_cast<size_t>(ev)];
+        const size_t words = r.body.size() / 8;
+        int ti = -1;
         if (r.type == PERF_RECORD_SAMPLE) {
-            int ti = sample_time_index(attr.sample_type);
-            if (ti >= 0 && r.body.size() >= static_cast<size_t>(ti + 1) * 8) {
-                time = load<uint64_t>(r.body.data() + ti * 8, header_.swap);
-                has_time = true;
-            }
-        } else if (attr.sample_id_all() && (attr.sample_type & PERF_SAMPLE_TIME)) {
-            SampleId sid;
-            if (parse_sample_id_trailer(r.body, attr, header_.swap, sid)) {
-                time = sid.time;
-                has_time = true;
-            }
+            if (info.sample_time_index >= 0 && static_cast<size_t>(info.sample_time_index) < words)
+                ti = info.sample_time_index;
+        } else if (info.trailer_time_index > 0 && static_cast<size_t>(info.trailer_words) <= words) {
+            ti = -2;
         }
-        if (!has_time) {
-            this->deliver(r, ev, sink);  // as perf does for records without a time
+        if (ti == -1) {
+            this->deliver(r, sink);  // as perf does for records without a time
             continue;
         }
-        q.push(time, r, ev, deliver);
-        if (!header_.pipe && rs.position() - released > kReleaseEvery) {
-            uint64_t lo = q.lowest_offset(rs.position());
-            if (lo > released) {
-                file_.release(released, lo - released);
-                released = lo;
-            }
-        }
+        const uint8_t* tp = ti >= 0 ? r.body.data() + ti * 8 : r.body.data() + r.body.size() - info.trailer_time_index * 8;
+        q.push(load<uint64_t>(tp, header_.swap), r, deliver);
     }
     q.flush_all(deliver);
     if (progress_) progress_(end - begin, end - begin);
@@ -271,15 +281,16 @@ void Session::run(EventSink& sink) {
     if (stats_.lost_samples) warn(std::to_string(stats_.lost_samples) + " sample(s) dropped by the kernel (LOST_SAMPLES)");
 }
 
-void Session::deliver(const RawRecord& r, int event_index, EventSink& sink) {
-    const EventInfo& ev = events_[event_index];
+void Session::deliver(const RawRecord& r, EventSink& sink) {
+    const int event_index = event_for(r);
+    if (event_index < 0) return;  // counted when it was read
+    const EventInfo& ev = events_[static_cast<size_t>(event_index)];
     const bool swap = header_.swap;
     try {
         switch (r.type) {
         case PERF_RECORD_SAMPLE: {
             Sample s;
             parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
-            s.in_chunk = r.compressed;
             if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
                 stats_.samples_by_event.resize(events_.size());
             ++stats_.samples_by_event[static_cast<size_t>(event_index)];

@@ -127,6 +127,32 @@ TEST_CASE("golden: lost events (perf record -m 4 --call-graph dwarf) counted as 
     CHECK(unknown_span);
 }
 
+TEST_CASE("golden: tiny read chunks give the same spans, threads and counts as the default") {
+    // 64 bytes is smaller than most records (a DWARF sample is ~8 KiB): every
+    // such record starts a chunk of its own; 4099 makes records straddle.
+    for (const char* name : {"plain", "pipe", "zstd", "pipe_zstd", "mixed_callgraph", "lost", "gil_combined"}) {
+        CAPTURE(name);
+        const std::string path = (kData / (std::string(name) + ".data")).string();
+        Analysis ref = analyse(path);
+        REQUIRE(ref.spans.spans.size() > 10);
+        for (size_t chunk : {64u, 4099u}) {
+            CAPTURE(chunk);
+            Analysis a = analyse(path, chunk);
+            CHECK(a.spans.spans == ref.spans.spans);
+            CHECK(a.stats.records == ref.stats.records);
+            CHECK(a.stats.samples_by_event == ref.stats.samples_by_event);
+            CHECK(a.stats.lost_events == ref.stats.lost_events);
+            CHECK(a.stats.warnings == ref.stats.warnings);
+            REQUIRE(a.threads.size() == ref.threads.size());
+            for (size_t i = 0; i < a.threads.size(); ++i) {
+                CHECK(a.threads[i].tid == ref.threads[i].tid);
+                CHECK(a.threads[i].sleep_ns == ref.threads[i].sleep_ns);
+                CHECK(a.threads[i].gil_sleep_count == ref.threads[i].gil_sleep_count);
+            }
+        }
+    }
+}
+
 TEST_CASE("golden: header features of a real recording") {
     Session s((kData / "plain.data").string());
     const Features& f = s.features();

@@ -79,6 +79,21 @@ TEST_CASE("pipe mode: attrs, tracing data and features as records, 4-byte aligne
     check_small(analyse_bytes(small(true).w.build_pipe()));
 }
 
+TEST_CASE("records and the tracing data straddling read chunks: every chunk size decodes the same") {
+    SchedRecording r = small();
+    for (size_t chunk : {64u, 65u, 100u, 333u, 4096u}) {
+        CAPTURE(chunk);
+        check_small(analyse_bytes(r.w.build(), chunk));
+        check_small(analyse_bytes(r.w.build_pipe(), chunk));  // tracing data is read past header.size
+        check_small(analyse_bytes(small(true).w.build_pipe(), chunk));
+        PerfWriter::BuildOptions o;
+        o.compress_chunk = 50;
+        Analysis z = analyse_bytes(r.w.build(o), chunk);
+        CHECK(z.stats.compressed_records > 0);
+        check_small(z);
+    }
+}
+
 TEST_CASE("zstd: records straddling compressed chunks, COMPRESSED and COMPRESSED2, file and pipe mode") {
     for (size_t chunk : {7u, 50u, 333u, 100000u}) {
         for (bool c2 : {false, true}) {
@@ -131,28 +146,63 @@ TEST_CASE("records come out in time order across rounds, equal times in file ord
     CHECK(s.stats().out_of_order == 0);
 }
 
-TEST_CASE("bounded queue: without rounds the older half is released") {
-    OrderedQueue q(8);
+TEST_CASE("bounded queue: without rounds the older half is released; chunks are released after delivery") {
+    ChunkTable chunks;
+    OrderedQueue q(chunks, 8);
     std::vector<uint64_t> out;
     // Records carry their time in the body here, so delivery order is visible.
-    std::vector<std::vector<uint8_t>> recs;
+    const uint32_t id = chunks.acquire(20 * 16, 0, false);
+    std::vector<uint8_t>& buf = chunks.bytes(id);
     for (uint64_t t = 0; t < 20; ++t) {
         std::vector<uint8_t> r(16, 0);
         r[6] = 16;
         std::memcpy(r.data() + 8, &t, 8);
-        recs.push_back(r);
+        buf.insert(buf.end(), r.begin(), r.end());
     }
-    auto deliver = [&](const RawRecord& r, int) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
     for (uint64_t t = 0; t < 20; ++t) {
         RawRecord r;
-        r.body = Bytes(recs[t].data() + 8, 8);
-        q.push(t % 2 ? t : 19 - t, r, 0, deliver);  // two interleaved runs
+        r.chunk = id;
+        r.body = Bytes(buf.data() + t * 16 + 8, 8);
+        q.push(t % 2 ? t : 19 - t, r, deliver);  // two interleaved runs
     }
     CHECK(q.peak_size() <= 9);
     CHECK(q.half_flushes() > 0);
     q.flush_all(deliver);
     REQUIRE(out.size() == 20);
+    // Each record exactly once (the body holds its push index).
+    std::vector<uint64_t> sorted = out;
+    std::sort(sorted.begin(), sorted.end());
+    for (uint64_t t = 0; t < 20; ++t) CHECK(sorted[t] == t);
     CHECK(q.size() == 0);
+    CHECK(chunks.live() == 1);  // only our own reference is left
+    chunks.release(id);
+    CHECK(chunks.live() == 0);
+}
+
+TEST_CASE("equal timestamps keep file order across runs and rounds") {
+    ChunkTable chunks;
+    OrderedQueue q(chunks);
+    const uint32_t id = chunks.acquire(64 * 16, 0, false);
+    std::vector<uint8_t>& buf = chunks.bytes(id);
+    buf.resize(64 * 16);
+    std::vector<uint64_t> out;
+    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    // Four "CPU runs" of (time 5, 5, 7) each, pushed in file order 0..11.
+    uint64_t n = 0;
+    for (int run = 0; run < 4; ++run)
+        for (uint64_t t : {5u, 5u, 7u}) {
+            buf[n * 16 + 6] = 16;
+            std::memcpy(buf.data() + n * 16 + 8, &n, 8);
+            RawRecord r;
+            r.chunk = id;
+            r.body = Bytes(buf.data() + n * 16 + 8, 8);
+            q.push(t, r, deliver);
+            ++n;
+        }
+    q.flush_all(deliver);
+    CHECK(out == std::vector<uint64_t>{0, 1, 3, 4, 6, 7, 9, 10, 2, 5, 8, 11});
+    chunks.release(id);
 }
 
 TEST_CASE("a header with data size 0 (perf killed): data read to the end of the file") {

@@ -61,6 +61,11 @@ struct CollectedSpan {
     bool cut, woken_before;
 };
 
+inline bool operator==(const CollectedSpan& a, const CollectedSpan& b) {
+    return a.tgid == b.tgid && a.tid == b.tid && a.start == b.start && a.end == b.end && a.kind == b.kind &&
+           a.name == b.name && a.waker == b.waker && a.cut == b.cut && a.woken_before == b.woken_before;
+}
+
 struct Collect : SpanSink {
     std::vector<CollectedSpan> spans;
     void span(const Span& s) override {
@@ -93,9 +98,11 @@ struct Analysis {
     }
 };
 
-inline Analysis analyse(const std::string& path) {
+// chunk_size: bytes per read of the data section (0: the default).
+inline Analysis analyse(const std::string& path, size_t chunk_size = 0) {
     Analysis a;
     Session s(path);
+    if (chunk_size) s.set_chunk_size(chunk_size);
     GilTracker gil(nullptr);
     Timeline tl(s, a.spans);
     tl.set_classifier(gil_probe_classifier(gil));
@@ -137,9 +144,9 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     return a;
 }
 
-inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes) {
+inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes, size_t chunk_size = 0) {
     TempFile f(bytes);
-    return analyse(f.path);
+    return analyse(f.path, chunk_size);
 }
 
 }  // namespace gilscan::test

@@ -1,12 +1,13 @@
 // MappedFile — a read-only mmap of one input file.
 //
 //   MappedFile f("perf.data");          // throws gilscan::Error if it cannot be opened
-//   Cursor c(f.bytes(), false, &f.path(), 0);
-//   f.release(0, consumed);             // drop pages already decoded (bounded RSS)
+//   Cursor c(f.bytes(), false, &f.path(), 0);   // header, attrs, features: zero-copy
+//   size_t n = f.read(offset, buf, len);        // the data section: copied in chunks
 //
-// The mapping is never copied; decoders hold spans into it. release() tells
-// the kernel that a prefix will not be read again, so a multi-gigabyte capture
-// does not stay resident while it streams past.
+// The header and feature sections are read in place through the mapping.
+// The data section streams through read() (pread, or memcpy for bytes
+// already in memory) into RecordStream's reusable chunks: see
+// record_stream.h for why that beats faulting the mapping in.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +30,16 @@ public:
     uint64_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
-    // Advise the kernel that [offset, offset+length) is done with.
-    void release(uint64_t offset, uint64_t length) const;
+    // Copies up to n bytes at `offset` into dst; returns how many (fewer
+    // only at the end of the file). Throws gilscan::Error on an I/O error.
+    size_t read(uint64_t offset, uint8_t* dst, size_t n) const;
 
 private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
     bool owned_ = true;
+    int fd_ = -1;
 };
 
 }  // namespace gilscan

@@ -1,11 +1,11 @@
 // OrderedQueue — delivers records in timestamp order with bounded memory,
 // using perf's FINISHED_ROUND rule (util/ordered-events.c).
 //
-//   OrderedQueue q;
-//   q.push(time, record, attr_index, deliver);
+//   OrderedQueue q(chunks);                 // the ChunkTable the records live in
+//   q.push(time, record, deliver);          // retains record.chunk while queued
 //   q.finished_round(deliver);   // at each PERF_RECORD_FINISHED_ROUND
 //   q.flush_all(deliver);        // at the end of the data
-//   // deliver(const RawRecord&, int attr_index)
+//   // deliver(const RawRecord&)
 //
 // perf writes the per-CPU ring buffers out in rounds; every event of a round
 // is later than everything released at the end of the round before it, so at
@@ -14,15 +14,15 @@
 // to `max_queued` events: past that the older half is released, as perf's
 // OE_FLUSH__HALF does. Equal timestamps keep file order.
 //
-// Speed: entries are 32 bytes (time, sequence, pointer to the record's
-// bytes); a round arrives as one sorted run per CPU buffer, so pending
-// entries are merged run by run (n log runs) instead of sorted.
+// Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
+// arrives as one sorted run per CPU buffer, so pending entries are merged
+// run by run (n log runs) instead of sorted. std::merge takes from its first
+// range on ties and runs are merged in file order, so equal timestamps keep
+// file order without a sequence number.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
-#include <memory>
 #include <vector>
 
 #include "gilscan/perf_abi.h"
@@ -32,19 +32,18 @@ namespace gilscan {
 
 class OrderedQueue {
 public:
-    explicit OrderedQueue(size_t max_queued = 4u << 20, bool swap = false) : max_queued_(max_queued), swap_(swap) {}
+    explicit OrderedQueue(ChunkTable& chunks, size_t max_queued = 4u << 20, bool swap = false)
+        : chunks_(chunks), max_queued_(max_queued), swap_(swap) {}
 
     template <class Deliver>
-    void push(uint64_t time, const RawRecord& r, int attr_index, Deliver&& deliver) {
+    void push(uint64_t time, const RawRecord& r, Deliver&& deliver) {
         if (flushed_any_ && time < last_flushed_) ++out_of_order_;  // perf counts these too
         max_time_ = std::max(max_time_, time);
+        chunks_.retain(r.chunk);
         Entry e;
         e.time = time;
-        e.seq = seq_++;
-        e.rec = r.body.data() - PERF_EVENT_HEADER_SIZE;
-        e.attr = attr_index;
-        e.owner = owner_for(r);
-        e.offset = r.offset;
+        e.chunk = r.chunk;
+        e.pos = static_cast<uint32_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks_.data(r.chunk));
         if (!pending_.empty() && time < pending_.back().time) runs_.push_back(pending_.size());
         pending_.push_back(e);
         peak_ = std::max(peak_, size());
@@ -72,62 +71,43 @@ public:
     size_t size() const { return sorted_.size() - head_ + pending_.size(); }
     size_t peak_size() const { return peak_; }
     uint64_t half_flushes() const { return half_flushes_; }
-    // Lowest file offset still referenced by a queued record (for releasing pages).
-    uint64_t lowest_offset(uint64_t fallback) const {
-        uint64_t lo = fallback;
-        for (size_t i = head_; i < sorted_.size(); ++i)
-            if (sorted_[i].owner < 0) lo = std::min(lo, sorted_[i].offset);
-        for (const auto& e : pending_)
-            if (e.owner < 0) lo = std::min(lo, e.offset);
-        return lo;
-    }
 
 private:
     struct Entry {
         uint64_t time;
-        uint64_t seq;
-        const uint8_t* rec;  // the record's header, in the mapping or an owned buffer
-        uint64_t offset;
-        int32_t attr;
-        int32_t owner;       // index in owners_ (+ base), -1: the file mapping
+        uint32_t chunk;  // ChunkTable id
+        uint32_t pos;    // the record's header within the chunk
     };
-    static bool earlier(const Entry& a, const Entry& b) { return a.time != b.time ? a.time < b.time : a.seq < b.seq; }
-
-    int32_t owner_for(const RawRecord& r) {
-        if (!r.owner) return -1;
-        if (owners_.empty() || owners_.back().buf != r.owner) owners_.push_back({r.owner, 0});
-        ++owners_.back().refs;
-        return static_cast<int32_t>(owner_base_ + owners_.size() - 1);
-    }
+    static bool earlier(const Entry& a, const Entry& b) { return a.time < b.time; }
 
     // Pairwise merges of the sorted runs of pending_ (ping-pong between two
     // buffers: one sequential copy per pass, log2(runs) passes), then one
     // merge with what is left of sorted_.
     void arrange() {
         if (pending_.empty()) return;
-        std::vector<size_t> bounds;
-        bounds.reserve(runs_.size() + 2);
-        bounds.push_back(0);
-        bounds.insert(bounds.end(), runs_.begin(), runs_.end());
-        bounds.push_back(pending_.size());
+        bounds_.clear();
+        bounds_.push_back(0);
+        bounds_.insert(bounds_.end(), runs_.begin(), runs_.end());
+        bounds_.push_back(pending_.size());
         runs_.clear();
-        while (bounds.size() > 2) {
+        while (bounds_.size() > 2) {
             merged_.resize(pending_.size());
-            std::vector<size_t> next{0};
+            next_.clear();
+            next_.push_back(0);
             size_t i = 0;
-            for (; i + 2 < bounds.size(); i += 2) {
-                std::merge(pending_.begin() + static_cast<long>(bounds[i]), pending_.begin() + static_cast<long>(bounds[i + 1]),
-                           pending_.begin() + static_cast<long>(bounds[i + 1]), pending_.begin() + static_cast<long>(bounds[i + 2]),
-                           merged_.begin() + static_cast<long>(bounds[i]), earlier);
-                next.push_back(bounds[i + 2]);
+            for (; i + 2 < bounds_.size(); i += 2) {
+                std::merge(pending_.begin() + static_cast<long>(bounds_[i]), pending_.begin() + static_cast<long>(bounds_[i + 1]),
+                           pending_.begin() + static_cast<long>(bounds_[i + 1]), pending_.begin() + static_cast<long>(bounds_[i + 2]),
+                           merged_.begin() + static_cast<long>(bounds_[i]), earlier);
+                next_.push_back(bounds_[i + 2]);
             }
-            if (i + 1 < bounds.size()) {  // an odd run out: carried over as it is
-                std::copy(pending_.begin() + static_cast<long>(bounds[i]), pending_.begin() + static_cast<long>(bounds[i + 1]),
-                          merged_.begin() + static_cast<long>(bounds[i]));
-                if (next.back() != bounds[i + 1]) next.push_back(bounds[i + 1]);
+            if (i + 1 < bounds_.size()) {  // an odd run out: carried over as it is
+                std::copy(pending_.begin() + static_cast<long>(bounds_[i]), pending_.begin() + static_cast<long>(bounds_[i + 1]),
+                          merged_.begin() + static_cast<long>(bounds_[i]));
+                if (next_.back() != bounds_[i + 1]) next_.push_back(bounds_[i + 1]);
             }
             pending_.swap(merged_);
-            bounds = std::move(next);
+            bounds_.swap(next_);
         }
         if (head_ == sorted_.size()) {
             sorted_.swap(pending_);  // nothing left over: no copy
@@ -147,24 +127,22 @@ private:
     template <class Deliver>
     void flush_until(uint64_t limit, Deliver& deliver) {
         arrange();
+        RawRecord r;
         while (head_ < sorted_.size() && sorted_[head_].time <= limit) {
             const Entry& e = sorted_[head_];
-            RawRecord r;
-            r.type = load<uint32_t>(e.rec, swap_);
-            r.misc = load<uint16_t>(e.rec + 4, swap_);
-            r.size = load<uint16_t>(e.rec + 6, swap_);
-            r.body = Bytes(e.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.offset = e.offset;
-            r.compressed = e.owner >= 0;
-            deliver(r, e.attr);
+            const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
+            r.type = load<uint32_t>(rec, swap_);
+            r.misc = load<uint16_t>(rec + 4, swap_);
+            r.size = load<uint16_t>(rec + 6, swap_);
+            r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+            r.compressed = chunks_.compressed(e.chunk);
+            r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
+            r.chunk = e.chunk;
             last_flushed_ = e.time;
             flushed_any_ = true;
-            if (e.owner >= 0) --owners_[static_cast<size_t>(e.owner - static_cast<int64_t>(owner_base_))].refs;
             ++head_;
-        }
-        while (!owners_.empty() && owners_.front().refs == 0 && owners_.size() > 1) {
-            owners_.pop_front();
-            ++owner_base_;
+            deliver(r);
+            chunks_.release(r.chunk);
         }
         if (head_ > 4096 && head_ * 2 > sorted_.size()) {
             sorted_.erase(sorted_.begin(), sorted_.begin() + static_cast<long>(head_));
@@ -172,21 +150,15 @@ private:
         }
     }
 
-    struct Owner {
-        std::shared_ptr<const std::vector<uint8_t>> buf;
-        uint64_t refs;
-    };
-
+    ChunkTable& chunks_;
     std::vector<Entry> sorted_;   // sorted; [head_, end) still queued
     size_t head_ = 0;
     std::vector<Entry> pending_;  // pushed since the last flush, in file order
     std::vector<Entry> merged_;
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
-    std::deque<Owner> owners_;
-    uint64_t owner_base_ = 0;
+    std::vector<size_t> bounds_, next_;
     size_t max_queued_;
     bool swap_;
-    uint64_t seq_ = 0;
     uint64_t next_flush_ = 0;
     uint64_t max_time_ = 0;
     uint64_t last_flushed_ = 0;

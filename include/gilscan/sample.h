@@ -48,7 +48,6 @@ struct Sample : SampleId {
     uint64_t regs_intr_abi = 0;
     U64Array regs_intr;
     Bytes aux;
-    bool in_chunk = false;  // its bytes live in a decompressed zstd chunk, freed after delivery
 };
 
 // Parses the whole body; throws gilscan::Error when a count or size runs past it.

@@ -38,6 +38,9 @@ struct EventInfo {
     PerfEventAttr attr;
     std::string name;                 // "sched:sched_switch", "python:take_gil__return", ...
     bool name_known = false;          // from EVENT_DESC / EVENT_UPDATE / the formats, not "typeN:configM"
+    int sample_time_index = -1;   // u64 index of TIME in a SAMPLE body, -1: none
+    int trailer_time_index = -1;  // u64 index of TIME counted from the end of other records' bodies
+    int trailer_words = 0;        // u64s in the sample_id_all trailer
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
 };
 
@@ -62,6 +65,8 @@ struct DecodeStats {
     std::vector<std::string> warnings;
 };
 
+// What a sink receives (Sample spans, comm and filename views) points into
+// the record's read chunk: valid during the call only. Copy what you keep.
 class EventSink {
 public:
     virtual ~EventSink() = default;
@@ -83,6 +88,8 @@ public:
     void run(EventSink& sink);
     // Called now and then during run() with (bytes decoded, bytes in total).
     void set_progress(std::function<void(uint64_t, uint64_t)> f) { progress_ = std::move(f); }
+    // Bytes per read of the data section (tests use tiny chunks to make records straddle them).
+    void set_chunk_size(size_t n) { chunk_size_ = n; }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -101,7 +108,8 @@ private:
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink);
     int event_for(const RawRecord& r);
-    void deliver(const RawRecord& r, int event_index, EventSink& sink);
+    int event_for_id(uint64_t id);
+    void deliver(const RawRecord& r, EventSink& sink);
     void warn(std::string w);
     void open();
 
@@ -113,12 +121,16 @@ private:
     bool tracefs_fallback_ = true;
     std::vector<EventInfo> events_;
     std::unordered_map<uint64_t, int> id_to_event_;
-    uint64_t last_id_ = 0;  // 0 is never looked up (perf's synthesized records)
-    int last_event_ = -2;
+    // Sample ids of one recording are mostly a small dense range (the kernel
+    // hands them out in sequence): looked up in a flat table, not the map.
+    uint64_t dense_base_ = 0;
+    std::vector<int32_t> dense_ids_;  // id - dense_base_ -> event index, -1: not in the table
+    void rebuild_dense_ids();
     IdLayout layout_;
     bool layout_set_ = false;
     DecodeStats stats_;
     std::function<void(uint64_t, uint64_t)> progress_;
+    size_t chunk_size_ = RecordStream::kChunkSize;
 };
 
 }  // namespace gilscan
