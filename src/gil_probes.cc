@@ -1,7 +1,8 @@
 #include "gilscan/gil_probes.h"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
+#include <cstring>
 #include <string>
 
 #include "gilscan/trace_writer.h"
@@ -9,21 +10,22 @@
 namespace gilscan {
 
 GilTracker::Thread& GilTracker::thread_of(int32_t pid, int32_t tid) {
-    auto it = threads_.find(tid);
-    if (it != threads_.end()) {
-        if (pid > 0) all_[it->second].st.tgid = pid;
-        return all_[it->second];
+    if (const uint32_t* i = threads_.find(tid)) {
+        if (pid > 0) all_[*i].st.tgid = pid;
+        return all_[*i];
     }
     Thread th;
     th.st.tid = tid;
     th.st.tgid = pid > 0 ? pid : tid;
-    threads_[tid] = all_.size();
+    threads_.set(tid, static_cast<uint32_t>(all_.size()));
     all_.push_back(th);
     return all_.back();
 }
 
 GilTracker::Process& GilTracker::process_of(int32_t pid) {
-    Process& p = procs_[pid];
+    if (const uint32_t* i = proc_index_.find(pid)) return procs_[*i];
+    proc_index_.set(pid, static_cast<uint32_t>(procs_.size()));
+    Process& p = procs_.emplace_back();
     p.st.pid = pid;
     return p;
 }
@@ -38,24 +40,33 @@ void GilTracker::account(Process& p, uint64_t t) {
     p.changed = std::max(p.changed, t);
 }
 
+namespace {
+// prefix + integer + suffix in a stack buffer (no snprintf, no allocation per event).
+std::string_view with_int(char (&buf)[48], std::string_view prefix, int64_t v, std::string_view suffix) {
+    char* p = buf;
+    std::memcpy(p, prefix.data(), prefix.size());
+    p += prefix.size();
+    p = std::to_chars(p, buf + sizeof buf, v).ptr;
+    std::memcpy(p, suffix.data(), suffix.size());
+    p += suffix.size();
+    return std::string_view(buf, static_cast<size_t>(p - buf));
+}
+}  // namespace
+
 void GilTracker::waiters_changed(Process& p, uint64_t t) {
     p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
     if (trace_) {
-        char args[40];
-        int n = std::snprintf(args, sizeof args, "{\"waiting\":%u}", p.waiters);
-        trace_->counter(p.st.pid, "GIL waiters", t, std::string_view(args, static_cast<size_t>(n)));
+        char args[48];
+        trace_->counter(p.st.pid, "GIL waiters", t, with_int(args, "{\"waiting\":", p.waiters, "}"));
     }
 }
 
 void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
     if (p.holder > 0 && trace_ && t > p.holder_since) {
-        // No heap allocation per event: both strings are built on the stack.
-        char name[40], args[40];
-        int nn = std::snprintf(name, sizeof name, "GIL held by %d", p.holder);
-        int na = std::snprintf(args, sizeof args, "{\"holder\":%d}", p.holder);
-        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), std::string_view(name, static_cast<size_t>(nn)),
-                         "GIL holder", p.holder_since, t, std::string_view(args, static_cast<size_t>(na)));
+        char name[48], args[48];
+        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), with_int(name, "GIL held by ", p.holder, ""),
+                         "GIL holder", p.holder_since, t, with_int(args, "{\"holder\":", p.holder, "}"));
     }
     p.holder = tid;
     p.holder_since = t;
@@ -163,20 +174,20 @@ void GilTracker::finish(uint64_t end) {
         }
         th.state = GilState::None;
     }
-    for (auto& [pid, p] : procs_) {
+    for (auto& p : procs_) {
         account(p, std::max(end, p.changed));
         if (p.holder > 0) set_holder(p, -1, std::max(end, p.holder_since));
     }
 }
 
 GilState GilTracker::state(int32_t tid) const {
-    auto it = threads_.find(tid);
-    return it == threads_.end() ? GilState::None : all_[it->second].state;
+    const uint32_t* i = threads_.find(tid);
+    return i ? all_[*i].state : GilState::None;
 }
 
 const GilThreadStats* GilTracker::thread(int32_t tid) const {
-    auto it = threads_.find(tid);
-    return it == threads_.end() ? nullptr : &all_[it->second].st;
+    const uint32_t* i = threads_.find(tid);
+    return i ? &all_[*i].st : nullptr;
 }
 
 std::vector<GilThreadStats> GilTracker::threads() const {
@@ -187,7 +198,7 @@ std::vector<GilThreadStats> GilTracker::threads() const {
 
 std::vector<GilProcessStats> GilTracker::processes() const {
     std::vector<GilProcessStats> out;
-    for (const auto& [pid, p] : procs_) out.push_back(p.st);
+    for (const auto& p : procs_) out.push_back(p.st);
     std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.pid < b.pid; });
     return out;
 }

@@ -2,7 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
+
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <zlib.h>
@@ -11,6 +12,10 @@
 #include "gilscan/error.h"
 
 namespace gilscan {
+
+namespace {
+constexpr size_t kMaxQueued = 3;  // full buffers waiting for the writer: bounded memory
+}
 
 struct OutputFile::Codec {
     bool gzip = false;
@@ -23,42 +28,120 @@ struct OutputFile::Codec {
     }
 };
 
-OutputFile::OutputFile(std::string path) : path_(std::move(path)), buf_(1u << 20) {
+OutputFile::OutputFile(std::string path) : path_(std::move(path)), buf_(kBufferSize) {
     if (path_ == "-") {
         stdout_ = true;
-        f_ = stdout;
-        return;
+        std::fflush(stdout);
+        fd_ = STDOUT_FILENO;
+    } else {
+        if (path_.ends_with(".gz")) {
+            codec_ = std::make_unique<Codec>();
+            codec_->gzip = true;
+            if (deflateInit2(&codec_->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+                throw Error(path_, Error::no_offset, "zlib initialisation failed");
+        } else if (path_.ends_with(".zst")) {
+            codec_ = std::make_unique<Codec>();
+            codec_->zstd = ZSTD_createCCtx();
+            ZSTD_CCtx_setParameter(codec_->zstd, ZSTD_c_compressionLevel, 3);
+        }
+        tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+        fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
     }
-    if (path_.ends_with(".gz")) {
-        codec_ = std::make_unique<Codec>();
-        codec_->gzip = true;
-        if (deflateInit2(&codec_->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-            throw Error(path_, Error::no_offset, "zlib initialisation failed");
-    } else if (path_.ends_with(".zst")) {
-        codec_ = std::make_unique<Codec>();
-        codec_->zstd = ZSTD_createCCtx();
-        ZSTD_CCtx_setParameter(codec_->zstd, ZSTD_c_compressionLevel, 3);
-    }
-    tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
+    writer_ = std::thread([this] { writer_loop(); });
 }
 
 OutputFile::~OutputFile() {
-    if (stdout_) {
-        flush_buffer();
-        std::fflush(stdout);
-        return;
+    if (stdout_ && !committed_) {
+        // Whatever was produced goes out (there is no temporary to drop).
+        try {
+            hand_off();
+        } catch (...) {
+        }
     }
-    if (f_) std::fclose(f_);
-    if (!committed_) std::remove(tmp_.c_str());
+    stop_writer();
+    if (!stdout_) {
+        if (fd_ >= 0) ::close(fd_);
+        if (!committed_) std::remove(tmp_.c_str());
+    }
+}
+
+void OutputFile::stop_writer() {
+    if (!writer_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        done_ = true;
+        if (!committed_ && !stdout_) full_.clear();  // an abandoned file: nothing more to write
+    }
+    cv_.notify_all();
+    writer_.join();
+}
+
+void OutputFile::rethrow_writer_error() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_) std::rethrow_exception(error_);
+}
+
+void OutputFile::writer_loop() {
+    for (;;) {
+        ChunkBytes b;
+        bool failed;
+        {
+            std::unique_lock<std::mutex> l(mu_);
+            cv_.wait(l, [&] { return done_ || !full_.empty(); });
+            if (full_.empty()) return;
+            b = std::move(full_.front());
+            full_.pop_front();
+            busy_ = true;
+            failed = static_cast<bool>(error_);
+        }
+        try {
+            if (!failed) sink(reinterpret_cast<const char*>(b.data()), b.size(), false);
+        } catch (...) {
+            std::lock_guard<std::mutex> l(mu_);
+            error_ = std::current_exception();
+        }
+        {
+            std::lock_guard<std::mutex> l(mu_);
+            busy_ = false;
+            b.clear();
+            spare_.push_back(std::move(b));
+        }
+        cv_.notify_all();
+    }
+}
+
+void OutputFile::hand_off() {
+    rethrow_writer_error();
+    if (used_ == 0) return;
+    buf_.resize(used_);
+    ChunkBytes next;
+    {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return full_.size() < kMaxQueued || error_; });
+        full_.push_back(std::move(buf_));
+        if (!spare_.empty()) {
+            next = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    cv_.notify_all();
+    next.resize(kBufferSize);
+    buf_ = std::move(next);
+    used_ = 0;
+}
+
+void OutputFile::raw_write(const char* p, size_t k) {
+    while (k) {
+        ssize_t r = ::write(fd_, p, k);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        p += r;
+        k -= static_cast<size_t>(r);
+    }
 }
 
 void OutputFile::sink(const char* data, size_t n, bool finish) {
-    auto raw_write = [&](const char* p, size_t k) {
-        if (k && std::fwrite(p, 1, k, f_) != k)
-            throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
-    };
     if (!codec_) {
         raw_write(data, n);
         return;
@@ -86,38 +169,35 @@ void OutputFile::sink(const char* data, size_t n, bool finish) {
     }
 }
 
-void OutputFile::flush_buffer() {
-    if (used_ == 0) return;
-    sink(buf_.data(), used_, false);
-    used_ = 0;
-}
-
 void OutputFile::write(const char* data, size_t n) {
-    written_ += n;
-    if (n > buf_.size() - used_) {
-        flush_buffer();
-        if (n >= buf_.size()) {
-            sink(data, n, false);
-            return;
-        }
+    while (n) {
+        const size_t k = std::min(n, kBufferSize);
+        char* p = room(k);
+        std::memcpy(p, data, k);
+        advance(k);
+        data += k;
+        n -= k;
     }
-    std::memcpy(buf_.data() + used_, data, n);
-    used_ += n;
 }
 
 void OutputFile::commit() {
-    flush_buffer();
-    if (codec_) sink(nullptr, 0, true);
+    hand_off();
+    {
+        // Wait for the writer to finish everything queued.
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return (full_.empty() && !busy_) || error_; });
+    }
+    rethrow_writer_error();
+    if (codec_) sink(nullptr, 0, true);  // the writer is idle: safe to finish here
     if (stdout_) {
-        std::fflush(stdout);
         committed_ = true;
         return;
     }
-    if (std::fclose(f_) != 0) {
-        f_ = nullptr;
+    if (::close(fd_) != 0) {
+        fd_ = -1;
         throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
     }
-    f_ = nullptr;
+    fd_ = -1;
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
         throw Error(path_, Error::no_offset, std::string("cannot rename into place: ") + std::strerror(errno));
     committed_ = true;

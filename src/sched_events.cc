@@ -110,7 +110,7 @@ PrevState PrevStateTable::decode(int64_t prev_state) const {
     return s;
 }
 
-TracepointDecoder::Fields& TracepointDecoder::fields(const EventInfo& ev) {
+TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     if (by_event_.size() <= static_cast<size_t>(ev.index)) by_event_.resize(static_cast<size_t>(ev.index) + 1);
     Fields& f = by_event_[static_cast<size_t>(ev.index)];
     if (f.ready) return f;
@@ -162,6 +162,22 @@ TracepointDecoder::Fields& TracepointDecoder::fields(const EventInfo& ev) {
 TpKind TracepointDecoder::kind(const EventInfo& ev) { return fields(ev).kind; }
 
 const PrevStateTable& TracepointDecoder::prev_state_table(const EventInfo& ev) { return fields(ev).states; }
+
+const PrevState& TracepointDecoder::prev_state(const EventInfo& ev, int64_t v) {
+    Fields& f = fields(ev);
+    int32_t* slot;
+    if (v >= 0 && v < 4096) {
+        if (f.small.empty()) f.small.assign(4096, -1);
+        slot = &f.small[static_cast<size_t>(v)];
+    } else {
+        slot = &f.large.try_emplace(v, -1).first->second;
+    }
+    if (*slot < 0) {
+        *slot = static_cast<int32_t>(decoded_.size());
+        decoded_.push_back(f.states.decode(v));
+    }
+    return decoded_[static_cast<size_t>(*slot)];
+}
 
 bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& o) {
     Fields& f = fields(ev);

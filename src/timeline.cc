@@ -17,15 +17,31 @@ std::string_view span_kind_name(SpanKind k) {
 Timeline::Timeline(const Session& session, SpanSink& sink) : session_(session), sink_(sink) {}
 
 Timeline::Thread& Timeline::thread(int32_t tid) {
-    auto it = live_.find(tid);
-    if (it != live_.end()) return all_[it->second];
+    if (const uint32_t* i = live_.find(tid)) return all_[*i];
     Thread th;
     th.st.tid = tid;
     th.st.first_seen = ~uint64_t{0};  // set by the first scheduler event, not by COMM/FORK
     th.st.last_seen = 0;
-    live_[tid] = all_.size();
+    live_.set(tid, static_cast<uint32_t>(all_.size()));
     all_.push_back(std::move(th));
     return all_.back();
+}
+
+void Timeline::note_cpu_time(uint32_t cpu, uint64_t t) {
+    constexpr uint32_t kTable = 1u << 16;
+    if (cpu < kTable) {
+        if (cpu >= cpu_last_.size()) cpu_last_.resize(cpu + 1u, 0);
+        cpu_last_[cpu] = t;
+    } else {
+        cpu_last_other_[cpu] = t;
+    }
+}
+
+std::optional<uint64_t> Timeline::cpu_time(uint32_t cpu) const {
+    if (cpu < cpu_last_.size() && cpu_last_[cpu] != 0) return cpu_last_[cpu];
+    auto it = cpu_last_other_.find(cpu);
+    if (it != cpu_last_other_.end()) return it->second;
+    return std::nullopt;
 }
 
 void Timeline::set_tgid(Thread& th, int32_t tgid) {
@@ -271,7 +287,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
     if (k == TpKind::Other) return;
     const uint64_t t = s.time;
     last_time_ = std::max(last_time_, t);
-    if (s.cpu != ~0u) cpu_last_[s.cpu] = t;
+    if (s.cpu != ~0u) note_cpu_time(s.cpu, t);
     const bool swap = session_.swap();
     // The sample's own task is running now: learn its process.
     if (s.tid > 0 && k != TpKind::SchedSwitch) {
@@ -293,7 +309,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
             uint64_t last_own = p.last_own;
             own_event(p, t, true);
             p.last_own = last_own;  // the race check below wants the task's previous sign of life
-            PrevState ps = dec_.prev_state_table(ev).decode(sw.prev_state);
+            const PrevState& ps = dec_.prev_state(ev, sw.prev_state);
             switch_out(p, t, s.cpu, ps, s, ev);
             p.last_own = t;
         }
@@ -332,8 +348,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         SchedExit x;
         if (!dec_.decode(s, ev, swap, x)) return;
         ++sched_events_;
-        auto it = live_.find(x.pid);
-        if (it != live_.end()) all_[it->second].st.exited = true;
+        if (const uint32_t* i = live_.find(x.pid)) all_[*i].st.exited = true;
         break;
     }
     default: break;
@@ -342,11 +357,11 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
 
 void Timeline::on_comm(const CommEvent& e) {
     uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
-    auto it = live_.find(e.tid);
-    if (e.exec && it != live_.end() && all_[it->second].st.monitored && t > 0) {
+    const uint32_t* it = live_.find(e.tid);
+    if (e.exec && it && all_[*it].st.monitored && t > 0) {
         // exec replaces the program (a pyenv shim's bash becoming python):
         // the thread's statistics start again under the new program.
-        Thread& old = all_[it->second];
+        Thread& old = all_[*it];
         close(old, t, false);
         touch(old, t);
         const bool known = old.known && !old.dead;
@@ -355,7 +370,7 @@ void Timeline::on_comm(const CommEvent& e) {
         old.dead = true;
         old.known = false;
         old.st.replaced_by_exec = true;
-        live_.erase(it);
+        live_.erase(e.tid);
         Thread& th = thread(e.tid);
         set_tgid(th, e.pid);
         th.st.comm = std::string(e.comm);
@@ -374,19 +389,17 @@ void Timeline::on_comm(const CommEvent& e) {
 }
 
 void Timeline::on_fork(const TaskEvent& e) {
-    auto it = live_.find(e.tid);
-    if (it != live_.end() && (all_[it->second].st.exited || all_[it->second].dead)) live_.erase(it);
+    const uint32_t* it = live_.find(e.tid);
+    if (it && (all_[*it].st.exited || all_[*it].dead)) live_.erase(e.tid);
     Thread& th = thread(e.tid);
     set_tgid(th, e.pid);
     if (th.st.comm.empty()) {
-        auto p = live_.find(e.ptid);
-        if (p != live_.end()) th.st.comm = all_[p->second].st.comm;
+        if (const uint32_t* p = live_.find(e.ptid)) th.st.comm = all_[*p].st.comm;
     }
 }
 
 void Timeline::on_exit(const TaskEvent& e) {
-    auto it = live_.find(e.tid);
-    if (it != live_.end()) all_[it->second].st.exited = true;
+    if (const uint32_t* i = live_.find(e.tid)) all_[*i].st.exited = true;
 }
 
 void Timeline::on_lost(const LostEvent& e) {
@@ -394,13 +407,12 @@ void Timeline::on_lost(const LostEvent& e) {
     const bool any_cpu = e.sid.cpu == ~0u;
     uint64_t gap_start = t;
     if (!any_cpu) {
-        auto it = cpu_last_.find(e.sid.cpu);
-        if (it != cpu_last_.end()) gap_start = std::min(it->second, t);
+        if (auto c = cpu_time(e.sid.cpu)) gap_start = std::min(*c, t);
     }
-    for (auto& [tid, idx] : live_) {
+    live_.for_each([&](int64_t, uint32_t idx) {
         Thread& th = all_[idx];
-        if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
-        if (!any_cpu && th.cpu != e.sid.cpu) continue;
+        if (!th.known || th.dead || th.state == SpanKind::Unknown) return;
+        if (!any_cpu && th.cpu != e.sid.cpu) return;
         uint64_t cut = std::max(th.since, gap_start);
         if (cut > th.since) {
             close(th, cut, false);
@@ -412,7 +424,7 @@ void Timeline::on_lost(const LostEvent& e) {
         th.state = SpanKind::Unknown;
         th.state_letters = "?";
         th.since = cut;
-    }
+    });
 }
 
 void Timeline::finish(uint64_t end) {

@@ -1,6 +1,7 @@
 #include "gilscan/trace_writer.h"
 
 #include <charconv>
+#include <cstring>
 #include <map>
 
 namespace gilscan {
@@ -29,51 +30,89 @@ void append_json_string(std::string& out, std::string_view s) {
     out.push_back('"');
 }
 
+namespace {
+
+// Formatting into a raw buffer that begin() sized for the worst case.
+inline char* put(char* p, std::string_view s) {
+    std::memcpy(p, s.data(), s.size());
+    return p + s.size();
+}
+
+inline char* put_int(char* p, int64_t v) { return std::to_chars(p, p + 24, v).ptr; }
+
+// Microseconds with three decimals: nanosecond precision, no floating point.
+inline char* put_us(char* p, uint64_t ns) {
+    p = std::to_chars(p, p + 24, ns / 1000).ptr;
+    const unsigned frac = static_cast<unsigned>(ns % 1000);
+    p[0] = '.';
+    p[1] = static_cast<char>('0' + frac / 100);
+    p[2] = static_cast<char>('0' + frac / 10 % 10);
+    p[3] = static_cast<char>('0' + frac % 10);
+    return p + 4;
+}
+
+// A JSON string: most are gilscan's own names ("S", "R+", "GIL wait") and
+// are copied straight; comm names and paths may need escaping.
+inline char* put_str(char* p, std::string_view s) {
+    *p++ = '"';
+    for (unsigned char ch : s) {
+        if (ch >= 0x20 && ch < 0x80 && ch != '"' && ch != '\\') {
+            *p++ = static_cast<char>(ch);
+            continue;
+        }
+        *p++ = '\\';
+        switch (ch) {
+        case '"': *p++ = '"'; break;
+        case '\\': *p++ = '\\'; break;
+        case '\n': *p++ = 'n'; break;
+        case '\t': *p++ = 't'; break;
+        case '\r': *p++ = 'r'; break;
+        default: {
+            static const char hex[] = "0123456789abcdef";
+            p = put(p, "u00");
+            *p++ = hex[ch >> 4];
+            *p++ = hex[ch & 15];
+        }
+        }
+    }
+    *p++ = '"';
+    return p;
+}
+
+constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in this
+inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
+
+}  // namespace
+
 TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), opt_(std::move(opt)) {
-    line_.reserve(512);
     out_.write(std::string_view("{\"traceEvents\":[\n"));
 }
 
-void TraceWriter::begin_event() {
-    if (events_++ != 0) line_.append(",\n");
+char* TraceWriter::begin(size_t bound) {
+    bound += 2;  // ",\n"
+    if (bound <= OutputFile::kBufferSize / 2) {
+        start_ = out_.room(bound);
+    } else {
+        big_.resize(bound);
+        start_ = big_.data();
+    }
+    char* p = start_;
+    if (events_++ != 0) p = put(p, ",\n");
+    return p;
 }
 
-void TraceWriter::put_int(int64_t v) {
-    char buf[24];
-    auto r = std::to_chars(buf, buf + sizeof buf, v);
-    line_.append(buf, r.ptr);
-}
-
-void TraceWriter::put_us(uint64_t ns) {
-    char buf[32];
-    auto r = std::to_chars(buf, buf + sizeof buf, ns / 1000);
-    line_.append(buf, r.ptr);
-    unsigned frac = static_cast<unsigned>(ns % 1000);
-    char f[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
-                 static_cast<char>('0' + frac % 10)};
-    line_.append(f, 4);
-}
-
-void TraceWriter::put_str(std::string_view s) {
-    // Most strings here are gilscan's own names ("S", "R+", "GIL wait"):
-    // copy them straight when nothing in them needs escaping.
-    for (unsigned char ch : s)
-        if (ch < 0x20 || ch >= 0x80 || ch == '"' || ch == '\\') {
-            append_json_string(line_, s);
-            return;
-        }
-    line_.push_back('"');
-    line_.append(s);
-    line_.push_back('"');
-}
-
-void TraceWriter::flush_line() {
-    out_.write(line_);
-    line_.clear();
+void TraceWriter::end(char* p) {
+    const size_t n = static_cast<size_t>(p - start_);
+    if (!big_.empty()) {
+        out_.write(big_.data(), n);
+        big_.clear();
+    } else {
+        out_.advance(n);
+    }
 }
 
 void TraceWriter::span(const Span& s) {
-    if (!opt_.pids.empty() && !opt_.pids.count(s.tgid)) return;
+    if (!wanted(s.tgid)) return;
     switch (s.kind) {
     case SpanKind::Running:
         if (!opt_.running) return;
@@ -88,91 +127,91 @@ void TraceWriter::span(const Span& s) {
         break;
     case SpanKind::Unknown: break;
     }
-    begin_event();
-    put("{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
-    put_str(s.name);
-    put(",\"pid\":");
-    put_int(s.tgid);
-    put(",\"tid\":");
-    put_int(s.tid);
-    put(",\"ts\":");
-    put_us(s.start);
-    put(",\"dur\":");
-    put_us(s.end - s.start);
-    put(",\"args\":{\"state\":");
-    put_str(s.state);
+    char* p = begin(kFixed + str_bound(s.name) + str_bound(s.state) + str_bound(s.evidence) + s.stack_json.size());
+    p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
+    p = put_str(p, s.name);
+    p = put(p, ",\"pid\":");
+    p = put_int(p, s.tgid);
+    p = put(p, ",\"tid\":");
+    p = put_int(p, s.tid);
+    p = put(p, ",\"ts\":");
+    p = put_us(p, s.start);
+    p = put(p, ",\"dur\":");
+    p = put_us(p, s.end - s.start);
+    p = put(p, ",\"args\":{\"state\":");
+    p = put_str(p, s.state);
     if (s.cpu != ~0u) {
-        put(",\"cpu\":");
-        put_int(s.cpu);
+        p = put(p, ",\"cpu\":");
+        p = put_int(p, s.cpu);
     }
     if (s.waker > 0) {
-        put(",\"waker\":");
-        put_int(s.waker);
+        p = put(p, ",\"waker\":");
+        p = put_int(p, s.waker);
     }
     if (!s.evidence.empty()) {
-        put(",\"evidence\":");
-        put_str(s.evidence);
+        p = put(p, ",\"evidence\":");
+        p = put_str(p, s.evidence);
     }
     if (!s.stack_json.empty()) {
-        put(",\"stack\":");
-        put(s.stack_json);
+        p = put(p, ",\"stack\":");
+        p = put(p, s.stack_json);
     }
-    if (s.cut_at_end) put(",\"cut_at_end\":true");
-    if (s.woken_before_switch) put(",\"woken_before_switch_out\":true");
-    put("}}");
-    flush_line();
+    if (s.cut_at_end) p = put(p, ",\"cut_at_end\":true");
+    if (s.woken_before_switch) p = put(p, ",\"woken_before_switch_out\":true");
+    p = put(p, "}}");
+    end(p);
 }
 
 void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
                            uint64_t end_ns, std::string_view args_json) {
-    if (!opt_.pids.empty() && !opt_.pids.count(pid)) return;
-    begin_event();
-    put("{\"ph\":\"X\",\"cat\":");
-    put_str(cat);
-    put(",\"name\":");
-    put_str(name);
-    put(",\"pid\":");
-    put_int(pid);
-    put(",\"tid\":");
-    put_int(tid);
-    put(",\"ts\":");
-    put_us(start_ns);
-    put(",\"dur\":");
-    put_us(end_ns >= start_ns ? end_ns - start_ns : 0);
+    if (!wanted(pid)) return;
+    char* p = begin(kFixed + str_bound(name) + str_bound(cat) + args_json.size());
+    p = put(p, "{\"ph\":\"X\",\"cat\":");
+    p = put_str(p, cat);
+    p = put(p, ",\"name\":");
+    p = put_str(p, name);
+    p = put(p, ",\"pid\":");
+    p = put_int(p, pid);
+    p = put(p, ",\"tid\":");
+    p = put_int(p, tid);
+    p = put(p, ",\"ts\":");
+    p = put_us(p, start_ns);
+    p = put(p, ",\"dur\":");
+    p = put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
     if (!args_json.empty()) {
-        put(",\"args\":");
-        put(args_json);
+        p = put(p, ",\"args\":");
+        p = put(p, args_json);
     }
-    put("}");
-    flush_line();
+    p = put(p, "}");
+    end(p);
 }
 
 void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (!opt_.pids.empty() && !opt_.pids.count(pid)) return;
-    begin_event();
-    put("{\"ph\":\"C\",\"name\":");
-    put_str(name);
-    put(",\"pid\":");
-    put_int(pid);
-    put(",\"ts\":");
-    put_us(ts_ns);
-    put(",\"args\":");
-    put(args_json);
-    put("}");
-    flush_line();
+    if (!wanted(pid)) return;
+    char* p = begin(kFixed + str_bound(name) + args_json.size());
+    p = put(p, "{\"ph\":\"C\",\"name\":");
+    p = put_str(p, name);
+    p = put(p, ",\"pid\":");
+    p = put_int(p, pid);
+    p = put(p, ",\"ts\":");
+    p = put_us(p, ts_ns);
+    p = put(p, ",\"args\":");
+    p = put(p, args_json);
+    p = put(p, "}");
+    end(p);
 }
 
 void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
-    if (!opt_.pids.empty() && !opt_.pids.count(pid)) return;
-    begin_event();
-    put("{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
-    put_int(pid);
-    put(",\"tid\":");
-    put_int(tid);
-    put(",\"args\":{\"name\":");
-    put_str(name);
-    put("}}");
-    flush_line();
+    if (!wanted(pid)) return;
+    char* p = begin(kFixed + str_bound(name));
+    p = put(p, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
+    p = put_int(p, pid);
+    p = put(p, ",\"tid\":");
+    p = put_int(p, tid);
+    p = put(p, ",\"args\":{\"name\":");
+    p = put_str(p, name);
+    p = put(p, "}}");
+    end(p);
 }
 
 void TraceWriter::finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta) {
@@ -184,41 +223,33 @@ void TraceWriter::finish(const std::vector<ThreadStats>& threads, const TraceMet
         if (t.tid == pid || !process_names.count(pid)) process_names[pid] = t.comm;
     }
     for (const auto& [pid, name] : process_names) {
-        if (!opt_.pids.empty() && !opt_.pids.count(pid)) continue;
-        begin_event();
-        put("{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
-        put_int(pid);
-        put(",\"tid\":");
-        put_int(pid);
-        put(",\"args\":{\"name\":");
-        put_str(name);
-        put("}}");
-        flush_line();
+        if (!wanted(pid)) continue;
+        char* p = begin(kFixed + str_bound(name));
+        p = put(p, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
+        p = put_int(p, pid);
+        p = put(p, ",\"tid\":");
+        p = put_int(p, pid);
+        p = put(p, ",\"args\":{\"name\":");
+        p = put_str(p, name);
+        p = put(p, "}}");
+        end(p);
     }
     for (const auto& t : threads) {
         int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
-        if (!t.monitored || (!opt_.pids.empty() && !opt_.pids.count(pid))) continue;
-        begin_event();
-        put("{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
-        put_int(pid);
-        put(",\"tid\":");
-        put_int(t.tid);
-        put(",\"args\":{\"name\":");
-        put_str(t.comm);
-        put("}}");
-        flush_line();
+        if (t.monitored) name_thread(pid, t.tid, t.comm);
     }
-    put("\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"
-        "\"producer\":\"gilscan\"},\"otherData\":{\"source\":");
-    put_str(meta.source_file);
-    put(",\"clock\":");
-    put_str(meta.clock);
-    put(",\"hostname\":");
-    put_str(meta.hostname);
-    put(",\"cmdline\":");
-    put_str(meta.cmdline);
-    put("}}\n");
-    flush_line();
+    std::string tail =
+        "\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"
+        "\"producer\":\"gilscan\"},\"otherData\":{\"source\":";
+    append_json_string(tail, meta.source_file);
+    tail += ",\"clock\":";
+    append_json_string(tail, meta.clock);
+    tail += ",\"hostname\":";
+    append_json_string(tail, meta.hostname);
+    tail += ",\"cmdline\":";
+    append_json_string(tail, meta.cmdline);
+    tail += "}}\n";
+    out_.write(tail);
 }
 
 }  // namespace gilscan

@@ -152,7 +152,7 @@ TEST_CASE("bounded queue: without rounds the older half is released; chunks are 
     std::vector<uint64_t> out;
     // Records carry their time in the body here, so delivery order is visible.
     const uint32_t id = chunks.acquire(20 * 16, 0, false);
-    std::vector<uint8_t>& buf = chunks.bytes(id);
+    ChunkBytes& buf = chunks.bytes(id);
     for (uint64_t t = 0; t < 20; ++t) {
         std::vector<uint8_t> r(16, 0);
         r[6] = 16;
@@ -184,7 +184,7 @@ TEST_CASE("equal timestamps keep file order across runs and rounds") {
     ChunkTable chunks;
     OrderedQueue q(chunks);
     const uint32_t id = chunks.acquire(64 * 16, 0, false);
-    std::vector<uint8_t>& buf = chunks.bytes(id);
+    ChunkBytes& buf = chunks.bytes(id);
     buf.resize(64 * 16);
     std::vector<uint64_t> out;
     auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };

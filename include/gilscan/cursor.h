@@ -29,10 +29,16 @@ using Bytes = std::span<const uint8_t>;
 template <class T>
 constexpr T byteswap_int(T v) {
     static_assert(std::is_integral_v<T>);
+    using U = std::make_unsigned_t<T>;
     if constexpr (sizeof(T) == 1) {
         return v;
+    } else if constexpr (sizeof(T) == 2) {
+        return static_cast<T>(__builtin_bswap16(static_cast<U>(v)));
+    } else if constexpr (sizeof(T) == 4) {
+        return static_cast<T>(__builtin_bswap32(static_cast<U>(v)));
+    } else if constexpr (sizeof(T) == 8) {
+        return static_cast<T>(__builtin_bswap64(static_cast<U>(v)));
     } else {
-        using U = std::make_unsigned_t<T>;
         U u = static_cast<U>(v);
         U r = 0;
         for (size_t i = 0; i < sizeof(T); ++i) {
@@ -117,9 +123,13 @@ public:
     const std::string* file() const { return file_; }
 
 private:
+    // The check is inlined into every read; the message is built out of line.
     void need(uint64_t n) const {
-        if (n > left())
-            fail("needs " + std::to_string(n) + " bytes, only " + std::to_string(left()) + " left");
+        if (n > left()) [[unlikely]]
+            fail_need(n);
+    }
+    [[noreturn, gnu::cold, gnu::noinline]] void fail_need(uint64_t n) const {
+        fail("needs " + std::to_string(n) + " bytes, only " + std::to_string(left()) + " left");
     }
 
     Bytes data_;

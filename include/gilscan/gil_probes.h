@@ -23,6 +23,7 @@
 
 #include "gilscan/sched_events.h"
 #include "gilscan/session.h"
+#include "gilscan/tid_map.h"
 #include "gilscan/timeline.h"
 
 namespace gilscan {
@@ -99,9 +100,10 @@ private:
 
     TraceWriter* trace_;
     std::vector<TpKind> kinds_;  // per EventInfo index
-    std::unordered_map<int32_t, size_t> threads_;
+    TidMap threads_;  // tid -> index in all_
     std::deque<Thread> all_;
-    std::unordered_map<int32_t, Process> procs_;
+    TidMap proc_index_;  // pid -> index in procs_
+    std::deque<Process> procs_;
     GilAnomalies anomalies_;
     uint64_t probe_events_ = 0;
 };

@@ -17,8 +17,8 @@
 // Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
 // run by run (n log runs) instead of sorted. std::merge takes from its first
-// range on ties and runs are merged in file order, so equal timestamps keep
-// file order without a sequence number.
+// range on ties (so does ours) and runs are merged in file order, so equal
+// timestamps keep file order without a sequence number.
 #pragma once
 
 #include <algorithm>
@@ -80,6 +80,22 @@ private:
     };
     static bool earlier(const Entry& a, const Entry& b) { return a.time < b.time; }
 
+    // std::merge without the unpredictable branch per element (runs of
+    // different CPUs interleave at random): the side to take is selected
+    // arithmetically. Ties take from the first range, like std::merge.
+    static Entry* merge(const Entry* a, const Entry* ae, const Entry* b, const Entry* be, Entry* out) {
+        while (a != ae && b != be) {
+            // Pointer select by mask: compilers turn a ternary here back into a branch.
+            const uintptr_t take_b = b->time < a->time;
+            const uintptr_t pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+            *out++ = *reinterpret_cast<const Entry*>(pa ^ ((pa ^ pb) & (0 - take_b)));
+            a += 1 - take_b;
+            b += take_b;
+        }
+        out = std::copy(a, ae, out);
+        return std::copy(b, be, out);
+    }
+
     // Pairwise merges of the sorted runs of pending_ (ping-pong between two
     // buffers: one sequential copy per pass, log2(runs) passes), then one
     // merge with what is left of sorted_.
@@ -96,9 +112,9 @@ private:
             next_.push_back(0);
             size_t i = 0;
             for (; i + 2 < bounds_.size(); i += 2) {
-                std::merge(pending_.begin() + static_cast<long>(bounds_[i]), pending_.begin() + static_cast<long>(bounds_[i + 1]),
-                           pending_.begin() + static_cast<long>(bounds_[i + 1]), pending_.begin() + static_cast<long>(bounds_[i + 2]),
-                           merged_.begin() + static_cast<long>(bounds_[i]), earlier);
+                const Entry* p = pending_.data();
+                merge(p + bounds_[i], p + bounds_[i + 1], p + bounds_[i + 1], p + bounds_[i + 2],
+                      merged_.data() + bounds_[i]);
                 next_.push_back(bounds_[i + 2]);
             }
             if (i + 1 < bounds_.size()) {  // an odd run out: carried over as it is
@@ -116,8 +132,8 @@ private:
             sorted_.insert(sorted_.end(), pending_.begin(), pending_.end());
         } else {
             merged_.resize(sorted_.size() - head_ + pending_.size());
-            std::merge(sorted_.begin() + static_cast<long>(head_), sorted_.end(), pending_.begin(), pending_.end(),
-                       merged_.begin(), earlier);
+            merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
+                  pending_.data() + pending_.size(), merged_.data());
             sorted_.swap(merged_);
         }
         head_ = 0;

@@ -4,17 +4,31 @@
 //
 //   OutputFile out("trace.json");
 //   out.write(buf, n);        // buffered
+//   char* p = out.room(64);   // or format in place: at least 64 bytes free
+//   out.advance(k);           //   ... k of them used
 //   out.commit();             // flush, fsync-free rename into place
 //
 // "-" writes to stdout (no atomicity possible there). A name ending in
 // ".gz" is written gzip-compressed (zlib), ".zst" zstd-compressed, streamed.
+//
+// Full 4 MiB buffers are compressed and written by a background thread, so
+// the write(2) copies into the page cache (a fifth of a trace run on this
+// project's VM) and the compression overlap the analysis. An error there is
+// raised by the next write() or by commit().
 #pragma once
 
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
+
+#include "gilscan/record_stream.h"
 
 namespace gilscan {
 
@@ -27,22 +41,48 @@ public:
 
     void write(const char* data, size_t n);
     void write(std::string_view s) { write(s.data(), s.size()); }
+    // At least n (<= kBufferSize) writable bytes at the returned pointer;
+    // advance(k) makes k of them part of the output.
+    char* room(size_t n) {
+        if (n > kBufferSize - used_) hand_off();
+        return reinterpret_cast<char*>(buf_.data()) + used_;
+    }
+    void advance(size_t k) {
+        used_ += k;
+        written_ += k;
+    }
     void commit();
     uint64_t bytes_written() const { return written_; }
     const std::string& path() const { return path_; }
 
+    static constexpr size_t kBufferSize = 4u << 20;
+
 private:
-    void flush_buffer();
+    void hand_off();  // queue the current buffer for the writer thread
+    void writer_loop();
     void sink(const char* data, size_t n, bool finish);  // compress (or not) and write
+    void raw_write(const char* p, size_t n);
+    void stop_writer();
+    void rethrow_writer_error();
     struct Codec;
     std::unique_ptr<Codec> codec_;
     std::string path_, tmp_;
-    std::FILE* f_ = nullptr;
-    std::vector<char> buf_;
+    int fd_ = -1;
+    ChunkBytes buf_;
     size_t used_ = 0;
     uint64_t written_ = 0;
     bool committed_ = false;
     bool stdout_ = false;
+
+    // Writer thread: full buffers in, empty buffers back.
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<ChunkBytes> full_;
+    std::vector<ChunkBytes> spare_;
+    bool done_ = false;
+    bool busy_ = false;
+    std::exception_ptr error_;
+    std::thread writer_;
 };
 
 }  // namespace gilscan

@@ -25,6 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+#include <sys/mman.h>
 #include <string>
 #include <vector>
 
@@ -37,13 +42,51 @@ namespace gilscan {
 
 inline constexpr uint32_t kNoChunk = ~0u;
 
+// An allocator whose resize() leaves new bytes uninitialised: a chunk is
+// about to be overwritten by pread or zstd, zero-filling it first would cost
+// as much as the read.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = UninitAllocator<U>;
+    };
+    UninitAllocator() = default;
+    template <class U>
+    UninitAllocator(const UninitAllocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept {
+        ::new (static_cast<void*>(p)) U;
+    }
+    // Chunk-sized buffers on transparent huge pages: one page fault per 2 MiB
+    // instead of 512 the first time a buffer is filled.
+    T* allocate(size_t n) {
+        const size_t bytes = n * sizeof(T);
+        if (bytes < kHuge) return std::allocator<T>::allocate(n);
+        void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+        if (!p) throw std::bad_alloc();
+        ::madvise(p, bytes, MADV_HUGEPAGE);
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, size_t n) {
+        if (n * sizeof(T) < kHuge) return std::allocator<T>::deallocate(p, n);
+        std::free(p);
+    }
+    static constexpr size_t kHuge = 2u << 20;
+    template <class U, class... A>
+    void construct(U* p, A&&... a) {
+        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    }
+};
+using ChunkBytes = std::vector<uint8_t, UninitAllocator<uint8_t>>;
+
 // Reference-counted byte buffers that records point into. Buffers are
 // recycled: a released chunk's memory is reused by the next acquire().
 class ChunkTable {
 public:
     // A chunk with refs = 1, at least `capacity` bytes reserved, empty.
     uint32_t acquire(size_t capacity, uint64_t base, bool compressed);
-    std::vector<uint8_t>& bytes(uint32_t id) { return chunks_[id].bytes; }
+    ChunkBytes& bytes(uint32_t id) { return chunks_[id].bytes; }
     const uint8_t* data(uint32_t id) const { return chunks_[id].bytes.data(); }
     // File offset of byte 0 (file chunks) or of the COMPRESSED record it came from.
     uint64_t base(uint32_t id) const { return chunks_[id].base; }
@@ -54,7 +97,7 @@ public:
 
 private:
     struct Chunk {
-        std::vector<uint8_t> bytes;
+        ChunkBytes bytes;
         uint32_t refs = 0;
         uint64_t base = 0;
         bool compressed = false;

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <deque>
+#include <unordered_map>
 #include <vector>
 
 #include "gilscan/sample.h"
@@ -90,6 +92,9 @@ public:
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedFork& out);
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedExit& out);
     const PrevStateTable& prev_state_table(const EventInfo& ev);
+    // The decoded state, cached per value: one decode per distinct prev_state,
+    // and `letters` stays valid (and at the same address) for the decoder's life.
+    const PrevState& prev_state(const EventInfo& ev, int64_t prev_state);
     uint64_t field_errors() const { return field_errors_; }
 
 private:
@@ -99,9 +104,17 @@ private:
         const TpField *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr, *e = nullptr, *f = nullptr,
                       *g = nullptr;
         PrevStateTable states;
+        std::vector<int32_t> small;                   // prev_state < 4096 -> index in decoded_, -1: not yet
+        std::unordered_map<int64_t, int32_t> large;  // any other value
     };
-    Fields& fields(const EventInfo& ev);
-    std::vector<Fields> by_event_;
+    Fields& fields(const EventInfo& ev) {
+        const size_t i = static_cast<size_t>(ev.index);
+        if (i < by_event_.size() && by_event_[i].ready) return by_event_[i];
+        return prepare(ev);
+    }
+    Fields& prepare(const EventInfo& ev);
+    std::deque<Fields> by_event_;
+    std::deque<PrevState> decoded_;  // deque: elements never move
     uint64_t field_errors_ = 0;
 };
 

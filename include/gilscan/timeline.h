@@ -35,6 +35,7 @@
 
 #include "gilscan/sched_events.h"
 #include "gilscan/session.h"
+#include "gilscan/tid_map.h"
 
 namespace gilscan {
 
@@ -125,7 +126,7 @@ private:
         uint64_t since = 0;
         uint32_t cpu = ~0u;
         uint64_t last_own = 0;     // last time this thread was the current task in a sample
-        std::string state_letters;
+        std::string_view state_letters;  // a literal or the decoder's cached PrevState letters
         SleepLabel label;
         bool preempted = false;
         int32_t waker = -1;
@@ -161,8 +162,12 @@ private:
     void output(const Span& s, int64_t ticket, ThreadStats* st);
     void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
-    std::unordered_map<int32_t, size_t> live_;  // tid -> index in all_
-    std::unordered_map<uint32_t, uint64_t> cpu_last_;  // last event time per CPU
+    TidMap live_;  // tid -> index in all_
+    // Last event time per CPU (0: none yet); CPU numbers past the table in a map.
+    std::vector<uint64_t> cpu_last_;
+    std::unordered_map<uint32_t, uint64_t> cpu_last_other_;
+    void note_cpu_time(uint32_t cpu, uint64_t t);
+    std::optional<uint64_t> cpu_time(uint32_t cpu) const;
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
     uint64_t last_time_ = 0;

@@ -55,16 +55,17 @@ public:
     uint64_t events_written() const { return events_; }
 
 private:
-    void begin_event();
-    void put(std::string_view s) { line_.append(s); }
-    void put_int(int64_t v);
-    void put_us(uint64_t ns);
-    void put_str(std::string_view s);
-    void flush_line();
+    // Events are formatted straight into the output buffer: begin(bound)
+    // reserves room for the event's worst case (every string byte escaped),
+    // end() hands the used part over.
+    char* begin(size_t bound);
+    void end(char* p);
+    bool wanted(int32_t pid) const { return opt_.pids.empty() || opt_.pids.count(pid); }
 
     OutputFile& out_;
     TraceOptions opt_;
-    std::string line_;
+    char* start_ = nullptr;
+    std::string big_;  // an event too large for the buffer's room (a huge stack) is built here
     uint64_t events_ = 0;
 };
 
