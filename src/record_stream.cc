@@ -8,10 +8,6 @@
 
 namespace gilscan {
 
-namespace {
-constexpr size_t kKeepFreeChunks = 32;  // spare buffers kept for reuse (64 MiB); more are freed
-}
-
 uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     uint32_t id;
     if (!free_.empty()) {
@@ -33,10 +29,9 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
 void ChunkTable::release(uint32_t id) {
     Chunk& c = chunks_[id];
     if (--c.refs != 0) return;
-    if (free_.size() >= kKeepFreeChunks) {
-        c.bytes.clear();
-        c.bytes.shrink_to_fit();
-    }
+    // The buffer is kept for the next acquire(): memory stays at the peak of
+    // live chunks (bounded by the ordering window), and a fresh buffer's page
+    // faults and zeroing are paid once, not per chunk.
     free_.push_back(id);
 }
 

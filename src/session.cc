@@ -2,6 +2,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <exception>
+#include <thread>
+
+#include <pthread.h>
+
+#include "gilscan/handoff.h"
 
 #include "gilscan/perf_abi.h"
 
@@ -163,11 +169,9 @@ int Session::event_for(const RawRecord& r) {
     return event_for_id(load<uint64_t>(r.body.data() + pos, header_.swap));
 }
 
-void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink) {
-    auto deliver = [&](const RawRecord& rec) { this->deliver(rec, sink); };
+void Session::handle_user_record(const RawRecord& r) {
     Cursor c(r.body, header_.swap, &file_.path(), r.offset + 8);
     switch (r.type) {
-    case PERF_RECORD_FINISHED_ROUND: q.finished_round(deliver); break;
     case PERF_RECORD_HEADER_ATTR: {
         PerfEventAttr attr = read_perf_event_attr(c);
         std::vector<uint64_t> ids;
@@ -209,57 +213,162 @@ void Session::handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink&
     }
 }
 
+namespace {
+
+// One record on its way from the reader thread to the stages: a pointer into
+// a chunk the reader keeps alive until the batch comes back.
+struct Handed {
+    const uint8_t* rec;
+    uint64_t offset;
+    uint32_t chunk;
+    bool compressed;
+};
+constexpr size_t kBatch = 4096;
+
+}  // namespace
+
+// Two threads: the reader (framing, decompression, ids, timestamps, ordering)
+// and the caller's thread, which runs the stages on records in time order.
+// They meet only at batches; the reader waits for the stages to go idle
+// before applying a record that changes the session's own state (attrs,
+// formats, names: pipe mode's header records), so the stages never see it
+// change under them.
 void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
     ChunkTable chunks;
     RecordStream rs(file_, begin, end, header_.swap, chunks, chunk_size_);
     OrderedQueue q(chunks, 4u << 20, header_.swap);
-    auto deliver = [&](const RawRecord& rec) { this->deliver(rec, sink); };
-    uint64_t next_progress = begin;
-    const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
-    RawRecord r;
-    while (rs.next(r)) {
-        if (progress_ && rs.position() >= next_progress) {
-            progress_(rs.position() - begin, end - begin);
-            next_progress = rs.position() + progress_step;
-        }
-        ++stats_.records;
-        if (r.type >= PERF_RECORD_KERNEL_MAX) {
-            try {
-                handle_user_record(r, q, sink);
-            } catch (const Error& e) {
-                if (stats_.malformed++ == 0) {
-                    stats_.first_malformed_offset = r.offset;
-                    stats_.first_malformed_reason = e.what();
-                }
+    // Up to 64 batches in flight: the reader produces a whole round at each
+    // FINISHED_ROUND and nothing while it reads the next one; the slack keeps
+    // both threads busy through those bursts.
+    Handoff<Handed> handoff(64);
+    // Reader-side counts, merged with the stages' after both are done (the
+    // stages write stats_ per record: sharing its cache lines would cost more
+    // than the second thread gains).
+    uint64_t reader_records = 0, reader_unknown_ids = 0;
+    uint64_t reader_malformed = 0, reader_unknown_types = 0, reader_first_malformed = 0;
+    std::string reader_malformed_reason;
+    std::exception_ptr reader_error;
+
+    std::thread reader([&] {
+        pthread_setname_np(pthread_self(), "gilscan-read");
+        std::vector<Handed> batch, back;
+        batch.reserve(kBatch);
+        bool stopped = false;
+        auto send = [&] {
+            if (batch.empty() || stopped) return;
+            if (!handoff.push(std::move(batch))) stopped = true;
+            batch.clear();
+            if (handoff.take_done(back)) {  // recycle the consumer's batches and their chunks
+                for (const Handed& h : back) chunks.release(h.chunk);
+                back.clear();
+                batch.swap(back);
             }
-            if (r.type > PERF_RECORD_COMPRESSED2) ++stats_.unknown_types;
-            continue;
+            batch.reserve(kBatch);
+        };
+        auto hand = [&](const RawRecord& rec) {
+            chunks.retain(rec.chunk);
+            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed});
+            if (batch.size() >= kBatch) send();
+        };
+        try {
+            uint64_t next_progress = begin;
+            const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
+            RawRecord r;
+            while (!stopped && rs.next(r)) {
+                if (progress_ && rs.position() >= next_progress) {
+                    progress_(rs.position() - begin, end - begin);
+                    next_progress = rs.position() + progress_step;
+                }
+                ++reader_records;
+                if (r.type == PERF_RECORD_FINISHED_ROUND) {
+                    q.finished_round(hand);
+                    continue;
+                }
+                if (r.type >= PERF_RECORD_KERNEL_MAX) {
+                    send();
+                    if (!handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
+                    try {
+                        handle_user_record(r);
+                    } catch (const Error& e) {
+                        if (reader_malformed++ == 0) {
+                            reader_first_malformed = r.offset;
+                            reader_malformed_reason = e.what();
+                        }
+                    }
+                    if (r.type > PERF_RECORD_COMPRESSED2) ++reader_unknown_types;
+                    continue;
+                }
+                int ev = event_for(r);
+                if (ev < 0) {
+                    ++reader_unknown_ids;
+                    continue;
+                }
+                // Timestamp: a sample's TIME field, else the sample_id_all trailer.
+                const EventInfo& info = events_[static_cast<size_t>(ev)];
+                const size_t words = r.body.size() / 8;
+                const uint8_t* tp = nullptr;
+                if (r.type == PERF_RECORD_SAMPLE) {
+                    if (info.sample_time_index >= 0 && static_cast<size_t>(info.sample_time_index) < words)
+                        tp = r.body.data() + info.sample_time_index * 8;
+                } else if (info.trailer_time_index > 0 && static_cast<size_t>(info.trailer_words) <= words) {
+                    tp = r.body.data() + r.body.size() - info.trailer_time_index * 8;
+                }
+                if (!tp) {
+                    hand(r);  // as perf does for records without a time: delivered at once
+                    continue;
+                }
+                q.push(load<uint64_t>(tp, header_.swap), r, hand);
+            }
+            q.flush_all(hand);
+            send();
+        } catch (...) {
+            reader_error = std::current_exception();
         }
-        int ev = event_for(r);
-        if (ev < 0) {
-            ++stats_.unknown_ids;
-            continue;
+        handoff.close();
+    });
+
+    std::vector<Handed> batch;
+    try {
+        RawRecord r;
+        while (handoff.pop(batch)) {
+            const size_t n = batch.size();
+            for (size_t i = 0; i < n; ++i) {
+                // The reader's core read these bytes last: ask for them early.
+                if (i + 8 < n) {
+                    __builtin_prefetch(batch[i + 8].rec);
+                    __builtin_prefetch(batch[i + 8].rec + 64);
+                }
+                const Handed& h = batch[i];
+                r.type = load<uint32_t>(h.rec, header_.swap);
+                r.misc = load<uint16_t>(h.rec + 4, header_.swap);
+                r.size = load<uint16_t>(h.rec + 6, header_.swap);
+                r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+                r.offset = h.offset;
+                r.compressed = h.compressed;
+                r.chunk = h.chunk;
+                deliver(r, sink);
+            }
+            handoff.done(std::move(batch));
         }
-        // Timestamp: a sample's TIME field, else the sample_id_all trailer.
-        const EventInfo& info = events_[static_cast<size_t>(ev)];
-        const size_t words = r.body.size() / 8;
-        int ti = -1;
-        if (r.type == PERF_RECORD_SAMPLE) {
-            if (info.sample_time_index >= 0 && static_cast<size_t>(info.sample_time_index) < words)
-                ti = info.sample_time_index;
-        } else if (info.trailer_time_index > 0 && static_cast<size_t>(info.trailer_words) <= words) {
-            ti = -2;
-        }
-        if (ti == -1) {
-            this->deliver(r, sink);  // as perf does for records without a time
-            continue;
-        }
-        const uint8_t* tp = ti >= 0 ? r.body.data() + ti * 8 : r.body.data() + r.body.size() - info.trailer_time_index * 8;
-        q.push(load<uint64_t>(tp, header_.swap), r, deliver);
+    } catch (...) {
+        handoff.abort();
+        reader.join();
+        throw;
     }
-    q.flush_all(deliver);
+    reader.join();
+    if (reader_error) std::rethrow_exception(reader_error);
+    if (reader_malformed) {
+        if (stats_.malformed == 0 || reader_first_malformed < stats_.first_malformed_offset) {
+            stats_.first_malformed_offset = reader_first_malformed;
+            stats_.first_malformed_reason = reader_malformed_reason;
+        }
+        stats_.malformed += reader_malformed;
+    }
+    stats_.unknown_types += reader_unknown_types;
+    stats_.records += reader_records;
+    stats_.unknown_ids += reader_unknown_ids;
     if (progress_) progress_(end - begin, end - begin);
     stats_.out_of_order = q.out_of_order();
     stats_.compressed_records = rs.compressed_records();

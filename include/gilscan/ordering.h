@@ -96,16 +96,58 @@ private:
         return std::copy(b, be, out);
     }
 
-    // Pairwise merges of the sorted runs of pending_ (ping-pong between two
-    // buffers: one sequential copy per pass, log2(runs) passes), then one
-    // merge with what is left of sorted_.
-    void arrange() {
-        if (pending_.empty()) return;
+    // Sorts pending_ (pushed in file order: one sorted run per CPU buffer).
+    // Pairwise merges of the runs cost log2(runs) passes; an LSD radix sort
+    // on the time relative to the batch's minimum costs one pass per 11 bits
+    // of the time span. Whichever needs fewer passes is used (a 64-CPU round
+    // has 64 runs: 6 merge passes against 2-3 radix passes). Both are stable.
+    void sort_pending() {
+        if (runs_.empty()) return;
+        uint64_t lo = ~uint64_t{0}, hi = 0;
+        for (const Entry& e : pending_) {
+            lo = std::min(lo, e.time);
+            hi = std::max(hi, e.time);
+        }
+        const unsigned bits = hi > lo ? 64 - static_cast<unsigned>(__builtin_clzll(hi - lo)) : 1;
+        const unsigned radix_passes = (bits + kDigitBits - 1) / kDigitBits;
+        const unsigned merge_passes = 64 - static_cast<unsigned>(__builtin_clzll(runs_.size()));  // ceil(log2(runs + 1))
+        if (radix_passes < merge_passes && pending_.size() >= 4096)
+            radix_sort(lo, radix_passes);
+        else
+            merge_runs();
+        runs_.clear();
+    }
+
+    static constexpr unsigned kDigitBits = 11;
+
+    void radix_sort(uint64_t lo, unsigned passes) {
+        constexpr size_t kBuckets = size_t{1} << kDigitBits;
+        merged_.resize(pending_.size());
+        std::vector<uint32_t>& counts = counts_;
+        counts.assign(kBuckets * passes, 0);
+        for (const Entry& e : pending_) {
+            uint64_t k = e.time - lo;
+            for (unsigned p = 0; p < passes; ++p, k >>= kDigitBits) ++counts[p * kBuckets + (k & (kBuckets - 1))];
+        }
+        for (unsigned p = 0; p < passes; ++p) {
+            uint32_t* c = counts.data() + p * kBuckets;
+            uint32_t sum = 0;
+            for (size_t b = 0; b < kBuckets; ++b) {
+                const uint32_t n = c[b];
+                c[b] = sum;
+                sum += n;
+            }
+            const unsigned shift = p * kDigitBits;
+            for (const Entry& e : pending_) merged_[c[((e.time - lo) >> shift) & (kBuckets - 1)]++] = e;
+            pending_.swap(merged_);
+        }
+    }
+
+    void merge_runs() {
         bounds_.clear();
         bounds_.push_back(0);
         bounds_.insert(bounds_.end(), runs_.begin(), runs_.end());
         bounds_.push_back(pending_.size());
-        runs_.clear();
         while (bounds_.size() > 2) {
             merged_.resize(pending_.size());
             next_.clear();
@@ -125,41 +167,69 @@ private:
             pending_.swap(merged_);
             bounds_.swap(next_);
         }
-        if (head_ == sorted_.size()) {
-            sorted_.swap(pending_);  // nothing left over: no copy
-        } else if (!earlier(pending_.front(), sorted_.back())) {
-            sorted_.erase(sorted_.begin(), sorted_.begin() + static_cast<long>(head_));
-            sorted_.insert(sorted_.end(), pending_.begin(), pending_.end());
-        } else {
-            merged_.resize(sorted_.size() - head_ + pending_.size());
-            merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
-                  pending_.data() + pending_.size(), merged_.data());
-            sorted_.swap(merged_);
-        }
+    }
+
+    // Everything queued as one sorted sorted_ (for the half flush's median).
+    void arrange() {
+        sort_pending();
+        if (pending_.empty()) return;
+        merged_.resize(sorted_.size() - head_ + pending_.size());
+        merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
+              pending_.data() + pending_.size(), merged_.data());
+        sorted_.swap(merged_);
         head_ = 0;
         pending_.clear();
     }
 
     template <class Deliver>
+    void emit(const Entry& e, RawRecord& r, Deliver& deliver) {
+        const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
+        r.type = load<uint32_t>(rec, swap_);
+        r.misc = load<uint16_t>(rec + 4, swap_);
+        r.size = load<uint16_t>(rec + 6, swap_);
+        r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+        r.compressed = chunks_.compressed(e.chunk);
+        r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
+        r.chunk = e.chunk;
+        last_flushed_ = e.time;
+        flushed_any_ = true;
+        deliver(r);
+        chunks_.release(r.chunk);
+    }
+
+    // Delivers everything up to `limit`: the earlier rounds' leftovers
+    // (sorted_) merged on the fly with the newly sorted round (pending_).
+    // What is left is usually only the new round's tail, which becomes
+    // sorted_ without a copy; a full merge only when both have leftovers.
+    template <class Deliver>
     void flush_until(uint64_t limit, Deliver& deliver) {
-        arrange();
+        sort_pending();
         RawRecord r;
-        while (head_ < sorted_.size() && sorted_[head_].time <= limit) {
-            const Entry& e = sorted_[head_];
-            const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
-            r.type = load<uint32_t>(rec, swap_);
-            r.misc = load<uint16_t>(rec + 4, swap_);
-            r.size = load<uint16_t>(rec + 6, swap_);
-            r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.compressed = chunks_.compressed(e.chunk);
-            r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
-            r.chunk = e.chunk;
-            last_flushed_ = e.time;
-            flushed_any_ = true;
-            ++head_;
-            deliver(r);
-            chunks_.release(r.chunk);
+        size_t i = head_, j = 0;
+        const size_t ne = sorted_.size(), np = pending_.size();
+        for (;;) {
+            const bool have_s = i < ne && sorted_[i].time <= limit;
+            const bool have_p = j < np && pending_[j].time <= limit;
+            if (have_s && (!have_p || !earlier(pending_[j], sorted_[i]))) {
+                emit(sorted_[i++], r, deliver);
+            } else if (have_p) {
+                emit(pending_[j++], r, deliver);
+            } else {
+                break;
+            }
         }
+        if (i == ne) {
+            sorted_.swap(pending_);
+            head_ = j;
+        } else if (j == np) {
+            head_ = i;
+        } else {
+            merged_.resize((ne - i) + (np - j));
+            merge(sorted_.data() + i, sorted_.data() + ne, pending_.data() + j, pending_.data() + np, merged_.data());
+            sorted_.swap(merged_);
+            head_ = 0;
+        }
+        pending_.clear();
         if (head_ > 4096 && head_ * 2 > sorted_.size()) {
             sorted_.erase(sorted_.begin(), sorted_.begin() + static_cast<long>(head_));
             head_ = 0;
@@ -173,6 +243,7 @@ private:
     std::vector<Entry> merged_;
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
     std::vector<size_t> bounds_, next_;
+    std::vector<uint32_t> counts_;
     size_t max_queued_;
     bool swap_;
     uint64_t next_flush_ = 0;

@@ -106,7 +106,7 @@ private:
     void add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids);
     void resolve_names_and_formats();
     void set_tracing(Bytes data, uint64_t offset);
-    void handle_user_record(const RawRecord& r, OrderedQueue& q, EventSink& sink);
+    void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
     int event_for(const RawRecord& r);
     int event_for_id(uint64_t id);
     void deliver(const RawRecord& r, EventSink& sink);

@@ -1,0 +1,87 @@
+// Handoff — a bounded queue of batches from one producer thread to one
+// consumer thread, with the batches coming back for reuse.
+//
+//   Handoff<Item> h(8);                       // at most 8 batches in flight
+//   producer:  h.push(std::move(batch));      // false: the consumer gave up
+//              while (h.take_done(b)) ...     // batches the consumer finished
+//              h.wait_idle();                 // everything pushed so far is consumed
+//              h.close();                     // no more batches
+//   consumer:  while (h.pop(b)) { ...; h.done(std::move(b)); }
+//              h.abort();                     // on error: the producer stops
+//
+// Session uses it to decode and order records on one core while the stages
+// run on another. Batches of a few thousand records keep the locking cost
+// per record negligible.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace gilscan {
+
+template <class T>
+class Handoff {
+public:
+    explicit Handoff(size_t max_batches) : max_(max_batches) {}
+
+    bool push(std::vector<T>&& batch) {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return aborted_ || full_.size() < max_; });
+        if (aborted_) return false;
+        full_.push_back(std::move(batch));
+        ++pushed_;
+        cv_.notify_all();
+        return true;
+    }
+    bool pop(std::vector<T>& out) {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return closed_ || aborted_ || !full_.empty(); });
+        if (aborted_ || full_.empty()) return false;
+        out = std::move(full_.front());
+        full_.pop_front();
+        cv_.notify_all();
+        return true;
+    }
+    void done(std::vector<T>&& batch) {
+        std::lock_guard<std::mutex> l(mu_);
+        done_.push_back(std::move(batch));
+        ++finished_;
+        cv_.notify_all();
+    }
+    bool take_done(std::vector<T>& out) {
+        std::lock_guard<std::mutex> l(mu_);
+        if (done_.empty()) return false;
+        out = std::move(done_.back());
+        done_.pop_back();
+        return true;
+    }
+    // Until the consumer has finished every batch pushed so far; false if it gave up.
+    bool wait_idle() {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return aborted_ || finished_ == pushed_; });
+        return !aborted_;
+    }
+    void close() {
+        std::lock_guard<std::mutex> l(mu_);
+        closed_ = true;
+        cv_.notify_all();
+    }
+    void abort() {
+        std::lock_guard<std::mutex> l(mu_);
+        aborted_ = true;
+        cv_.notify_all();
+    }
+
+private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::vector<T>> full_;
+    std::vector<std::vector<T>> done_;
+    size_t max_;
+    uint64_t pushed_ = 0, finished_ = 0;
+    bool closed_ = false, aborted_ = false;
+};
+
+}  // namespace gilscan
