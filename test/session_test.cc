@@ -4,7 +4,9 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
+#include "gilscan/handoff.h"
 #include "gilscan/session.h"
 #include "test_util.h"
 
@@ -356,4 +358,85 @@ TEST_CASE("EVENT_UPDATE names an event; AUXTRACE's trailing bytes are skipped") 
     CHECK(s.stats().malformed == 0);
     CHECK_FALSE(s.stats().truncated);
     CHECK(t.times.back() == 400);  // the record after AUXTRACE was framed correctly
+}
+
+TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix and merge paths), stable on ties") {
+    for (uint64_t kCpus : {2u, 64u})
+    for (uint64_t span : {50u, 1000u, 1u << 20, 1u << 30}) {
+        CAPTURE(span);
+        CAPTURE(kCpus);
+        ChunkTable chunks;
+        OrderedQueue q(chunks);
+        constexpr uint64_t kRounds = 4, kPerCpu = 100;
+        const uint64_t n = kRounds * kCpus * kPerCpu;
+        const uint32_t id = chunks.acquire(n * 16, 0, false);
+        ChunkBytes& buf = chunks.bytes(id);
+        buf.resize(n * 16);
+        std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
+        std::vector<uint64_t> out;
+        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+        uint64_t seed = 12345, k = 0;
+        auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+        for (uint64_t round = 0; round < kRounds; ++round) {
+            for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
+                std::vector<uint64_t> times;
+                for (uint64_t i = 0; i < kPerCpu; ++i) times.push_back(round * span + rnd() % span);
+                std::sort(times.begin(), times.end());  // one sorted run per CPU buffer
+                for (uint64_t t : times) {
+                    buf[k * 16 + 6] = 16;
+                    std::memcpy(buf.data() + k * 16 + 8, &k, 8);
+                    RawRecord r;
+                    r.chunk = id;
+                    r.body = Bytes(buf.data() + k * 16 + 8, 8);
+                    q.push(t, r, deliver);
+                    expect.push_back({t, k});
+                    ++k;
+                }
+            }
+            q.finished_round(deliver);
+        }
+        q.flush_all(deliver);
+        std::stable_sort(expect.begin(), expect.end(), [](auto& a, auto& b) { return a.first < b.first; });
+        REQUIRE(out.size() == expect.size());
+        size_t mismatches = 0;
+        for (size_t i = 0; i < out.size(); ++i) mismatches += out[i] != expect[i].second;
+        CHECK(mismatches == 0);
+        CHECK(q.out_of_order() == 0);
+        chunks.release(id);
+        CHECK(chunks.live() == 0);
+    }
+}
+
+TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the producer") {
+    Handoff<int> h(2);
+    std::vector<int> got;
+    std::thread producer([&] {
+        for (int b = 0; b < 50; ++b) {
+            std::vector<int> batch{b * 2, b * 2 + 1};
+            REQUIRE(h.push(std::move(batch)));
+            if (b == 25) CHECK(h.wait_idle());
+        }
+        h.close();
+    });
+    std::vector<int> batch;
+    while (h.pop(batch)) {
+        got.insert(got.end(), batch.begin(), batch.end());
+        h.done(std::move(batch));
+    }
+    producer.join();
+    REQUIRE(got.size() == 100);
+    for (int i = 0; i < 100; ++i) CHECK(got[static_cast<size_t>(i)] == i);
+    std::vector<int> back;
+    CHECK(h.take_done(back));
+
+    Handoff<int> g(1);
+    std::thread p2([&] {
+        int pushed = 0;
+        while (g.push(std::vector<int>{pushed})) ++pushed;
+        CHECK(pushed < 1000);
+    });
+    std::vector<int> one;
+    CHECK(g.pop(one));
+    g.abort();
+    p2.join();
 }
