@@ -69,6 +69,8 @@ void parse_sample(Cursor c, const PerfEventAttr& attr, Sample& s) {
     }
     if (t & PERF_SAMPLE_REGS_USER) {
         s.regs_user_abi = c.read<uint64_t>();
+        s.regs_user_mask = 0;
+        s.regs_user = {};
         if (s.regs_user_abi != 0) {
             s.regs_user_mask = attr.sample_regs_user;
             s.regs_user = read_u64s(c, std::popcount(attr.sample_regs_user), "regs_user");
@@ -77,6 +79,7 @@ void parse_sample(Cursor c, const PerfEventAttr& attr, Sample& s) {
     if (t & PERF_SAMPLE_STACK_USER) {
         uint64_t size = c.read<uint64_t>();
         s.stack_user_size = size;
+        s.stack_user = {};
         if (size != 0) {
             Bytes data = c.bytes(size);
             uint64_t dyn_size = c.read<uint64_t>();
@@ -89,6 +92,7 @@ void parse_sample(Cursor c, const PerfEventAttr& attr, Sample& s) {
     if (t & PERF_SAMPLE_TRANSACTION) s.transaction = c.read<uint64_t>();
     if (t & PERF_SAMPLE_REGS_INTR) {
         s.regs_intr_abi = c.read<uint64_t>();
+        s.regs_intr = {};
         if (s.regs_intr_abi != 0) s.regs_intr = read_u64s(c, std::popcount(attr.sample_regs_intr), "regs_intr");
     }
     if (t & PERF_SAMPLE_PHYS_ADDR) s.phys_addr = c.read<uint64_t>();

@@ -398,7 +398,9 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
     try {
         switch (r.type) {
         case PERF_RECORD_SAMPLE: {
-            Sample s;
+            // One Sample per attr, reused: the same fields are written every time.
+            if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
+            Sample& s = sample_cache_[static_cast<size_t>(event_index)];
             parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
             if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
                 stats_.samples_by_event.resize(events_.size());

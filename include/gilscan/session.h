@@ -131,6 +131,7 @@ private:
     DecodeStats stats_;
     std::function<void(uint64_t, uint64_t)> progress_;
     size_t chunk_size_ = RecordStream::kChunkSize;
+    std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
 };
 
 }  // namespace gilscan
