@@ -1,5 +1,7 @@
 #include "gilscan/gil_stacks.h"
 
+#include <atomic>
+
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -103,7 +105,8 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
     };
     if (stack_frames_) {
         // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
-        if (!ksyms_) ksyms_ = std::make_unique<KernelSymbols>(kernel_release_);
+        std::call_once(names_->ksyms_once, [&] { names_->ksyms = std::make_unique<KernelSymbols>(kernel_release_); });
+        const KernelSymbols& ksyms = *names_->ksyms;
         bool kernel = false;
         for (size_t i = 0; i < s.callchain.size(); ++i) {
             uint64_t ip = s.callchain[i];
@@ -112,7 +115,7 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
                 if (ip == PERF_CONTEXT_USER) break;
                 continue;
             }
-            if (kernel) add_frame(ksyms_->name(ip));
+            if (kernel) add_frame(ksyms.name(ip));
         }
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
@@ -183,12 +186,17 @@ struct ParallelStackClassifier::Worker {
     std::thread thread;
 };
 
+namespace {
+constexpr size_t kJobBatch = 32;
+}
+
 struct ParallelStackClassifier::Shared {
     std::mutex mu;
     std::condition_variable ready, result;
-    std::deque<std::unique_ptr<Job>> queue;
+    std::deque<std::vector<std::unique_ptr<Job>>> queue;
     bool done = false;
-    std::unordered_map<int64_t, SleepLabel> labels;
+    std::vector<std::pair<int64_t, SleepLabel>> labels;  // finished, not yet taken by resolve()
+    std::atomic<uint64_t> posted{0};  // batches of labels posted: resolve() locks only when it moved
 };
 
 ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
@@ -208,22 +216,35 @@ ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOpti
 ParallelStackClassifier::~ParallelStackClassifier() { finish(); }
 
 void ParallelStackClassifier::work(Worker& w) {
+    std::vector<std::pair<int64_t, SleepLabel>> out;
     for (;;) {
-        std::unique_ptr<Job> job;
+        std::vector<std::unique_ptr<Job>> jobs;
         {
             std::unique_lock<std::mutex> l(sh_->mu);
             sh_->ready.wait(l, [&] { return sh_->done || !sh_->queue.empty(); });
             if (sh_->queue.empty()) return;
-            job = std::move(sh_->queue.front());
+            jobs = std::move(sh_->queue.front());
             sh_->queue.pop_front();
         }
-        SleepLabel label = w.gsc->classify_in(job->space.get(), job->sample);
+        for (auto& job : jobs) out.emplace_back(job->ticket, w.gsc->classify_in(job->space.get(), job->sample));
         {
             std::lock_guard<std::mutex> l(sh_->mu);
-            sh_->labels.emplace(job->ticket, std::move(label));
+            for (auto& o : out) sh_->labels.push_back(std::move(o));
+            sh_->posted.fetch_add(1, std::memory_order_release);
         }
+        out.clear();
         sh_->result.notify_all();
     }
+}
+
+void ParallelStackClassifier::hand_staged() {
+    if (staged_.empty()) return;
+    {
+        std::lock_guard<std::mutex> l(sh_->mu);
+        sh_->queue.push_back(std::move(staged_));
+    }
+    staged_.clear();
+    sh_->ready.notify_one();
 }
 
 int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
@@ -247,25 +268,38 @@ int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> spac
     job->sample.aux = {};
     job->sample.regs_intr = {};
     const int64_t ticket = job->ticket;
-    {
-        std::lock_guard<std::mutex> l(sh_->mu);
-        sh_->queue.push_back(std::move(job));
-    }
-    sh_->ready.notify_one();
+    staged_.push_back(std::move(job));
+    if (staged_.size() >= kJobBatch) hand_staged();
     return ticket;
 }
 
 std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool wait) {
-    std::unique_lock<std::mutex> l(sh_->mu);
-    if (wait) sh_->result.wait(l, [&] { return sh_->labels.count(ticket) > 0; });
-    auto it = sh_->labels.find(ticket);
-    if (it == sh_->labels.end()) return std::nullopt;
-    SleepLabel label = std::move(it->second);
-    sh_->labels.erase(it);
-    return label;
+    auto take = [&]() -> std::optional<SleepLabel> {
+        auto it = ready_.find(ticket);
+        if (it == ready_.end()) return std::nullopt;
+        SleepLabel label = std::move(it->second);
+        ready_.erase(it);
+        return label;
+    };
+    if (auto l = take()) return l;
+    if (wait) hand_staged();  // the ticket may still be staged here
+    if (!wait && sh_->posted.load(std::memory_order_acquire) == seen_posted_) return std::nullopt;
+    {
+        std::unique_lock<std::mutex> l(sh_->mu);
+        if (wait) sh_->result.wait(l, [&] {
+            for (const auto& [t, label] : sh_->labels)
+                if (t == ticket) return true;
+            return false;
+        });
+        for (auto& [t, label] : sh_->labels) ready_.emplace(t, std::move(label));
+        sh_->labels.clear();
+        seen_posted_ = sh_->posted.load(std::memory_order_relaxed);
+    }
+    return take();
 }
 
 void ParallelStackClassifier::finish() {
+    hand_staged();
     {
         std::lock_guard<std::mutex> l(sh_->mu);
         sh_->done = true;

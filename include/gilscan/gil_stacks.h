@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -64,9 +65,12 @@ public:
     // Symbolized frames by (address space, pc), shareable between the
     // classifiers of -j workers: libdw's symbol and inline lookups are slow
     // and the same frames recur in nearly every stack.
+    // The kernel's symbols are read once (from /proc/kallsyms) for all of them.
     struct NameCache {
         std::shared_mutex mu;
         std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::vector<std::string>>> names;
+        std::once_flag ksyms_once;
+        std::unique_ptr<KernelSymbols> ksyms;
     };
     void share_names(std::shared_ptr<NameCache> cache) { names_ = std::move(cache); }
     SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
@@ -84,7 +88,6 @@ private:
     unsigned stack_frames_;
     std::shared_ptr<NameCache> names_ = std::make_shared<NameCache>();
     std::string kernel_release_;
-    std::unique_ptr<KernelSymbols> ksyms_;
 };
 
 }  // namespace gilscan
@@ -103,6 +106,8 @@ public:
     ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release);
     ~ParallelStackClassifier();
 
+    // Jobs go to the workers in batches and labels come back in batches: a
+    // thread wake-up per sleep would cost more than unwinding it.
     int64_t submit(std::shared_ptr<const AddressSpace> space, const Sample& s);
     std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
     void finish();                       // stops the workers
@@ -114,9 +119,14 @@ private:
     struct Worker;
     struct Shared;
     void work(Worker& w);
+    void hand_staged();  // the staged jobs to the workers
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
     int64_t next_ticket_ = 0;
+    // The decoding thread's side: jobs not yet handed over, labels taken over.
+    std::vector<std::unique_ptr<Job>> staged_;
+    std::unordered_map<int64_t, SleepLabel> ready_;
+    uint64_t seen_posted_ = 0;
 };
 
 }  // namespace gilscan
