@@ -223,7 +223,11 @@ struct Handed {
     uint32_t chunk;
     bool compressed;
 };
+// A batch goes over at 4096 records or 1 MiB of record bytes, whichever
+// comes first, so at most 64 batches (64 MiB of chunks) are ever in flight,
+// also when every record is an 8 KiB DWARF stack sample.
 constexpr size_t kBatch = 4096;
+constexpr size_t kBatchBytes = 1u << 20;
 
 }  // namespace
 
@@ -241,7 +245,7 @@ void Session::run(EventSink& sink) {
     OrderedQueue q(chunks, 4u << 20, header_.swap);
     // Up to 64 batches in flight: the reader produces a whole round at each
     // FINISHED_ROUND and nothing while it reads the next one; the slack keeps
-    // both threads busy through those bursts.
+    // both threads busy through those bursts. Bounded in bytes too (kBatchBytes).
     Handoff<Handed> handoff(64);
     // Reader-side counts, merged with the stages' after both are done (the
     // stages write stats_ per record: sharing its cache lines would cost more
@@ -255,11 +259,13 @@ void Session::run(EventSink& sink) {
         pthread_setname_np(pthread_self(), "gilscan-read");
         std::vector<Handed> batch, back;
         batch.reserve(kBatch);
+        size_t batch_bytes = 0;
         bool stopped = false;
         auto send = [&] {
             if (batch.empty() || stopped) return;
             if (!handoff.push(std::move(batch))) stopped = true;
             batch.clear();
+            batch_bytes = 0;
             if (handoff.take_done(back)) {  // recycle the consumer's batches and their chunks
                 for (const Handed& h : back) chunks.release(h.chunk);
                 back.clear();
@@ -270,7 +276,8 @@ void Session::run(EventSink& sink) {
         auto hand = [&](const RawRecord& rec) {
             chunks.retain(rec.chunk);
             batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed});
-            if (batch.size() >= kBatch) send();
+            batch_bytes += rec.size;
+            if (batch.size() >= kBatch || batch_bytes >= kBatchBytes) send();
         };
         try {
             uint64_t next_progress = begin;
