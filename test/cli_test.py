@@ -123,13 +123,22 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # -j: stacks unwound on worker threads give byte-identical results
     outs = []
-    for j in ("1", "2"):
+    for j in ("1", "2", "5"):
         t_, s_ = os.path.join(tmp, f"j{j}.json"), os.path.join(tmp, f"j{j}.s.json")
         r = run(os.path.join(DATA, "stacks_zstd.data"), "-j", j, "-q", "--sleep-stacks", "16", "-o", t_,
                 "--summary-json", s_)
         check(r.returncode == 0, f"-j {j}")
         outs.append((open(t_, "rb").read(), open(s_, "rb").read()))
     check(outs[0] == outs[1], "-j 1 and -j 2 give byte-identical traces and summaries")
+    check(outs[0] == outs[2], "-j 5 (more workers than cores, part-filled job batches) too")
+    check(b'"S(GIL)"' in outs[0][0], "the -j comparison covers S(GIL) sleeps")
+
+    # A write error in the background writer is an error of the run, not a short trace
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([GILSCAN, os.path.join(DATA, "plain.data"), "-q", "-o", "-"], stdout=full,
+                               stderr=subprocess.PIPE, text=True)
+        check(r.returncode != 0 and "write failed" in r.stderr, f"-o - into a full device fails loudly ({r.stderr[:200]})")
 
     # Compressed traces by file name, identical once decompressed
     import gzip
