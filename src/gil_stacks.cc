@@ -119,7 +119,7 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
         }
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
-    const uint64_t layout = stack_frames_ ? layout_key(*as) : 0;
+    const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
         if (stack_frames_ && f.mapping) {  // an unmapped pc is where unwinding ran off the copied stack
             bool found = false;

@@ -71,6 +71,7 @@ void ProcessMaps::on_mmap(const MmapEvent& e) {
     }
     as.maps[m.start] = std::move(m);
     ++as.version;
+    as.layout = layout_key(as);  // once per mapping, not per unwound sample
 }
 
 void ProcessMaps::on_comm(const CommEvent& e) {
@@ -85,7 +86,24 @@ void ProcessMaps::on_fork(const TaskEvent& e) {
     if (parent != spaces_.end()) {
         child.maps = parent->second->maps;
         child.version = 1;
+        child.layout = parent->second->layout;
     }
+}
+
+uint64_t layout_key(const AddressSpace& as) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+        h ^= v;
+        h *= 1099511628211ull;
+    };
+    for (const auto& [start, m] : as.maps) {
+        if (!m.exec || m.path.empty() || m.path[0] != '/') continue;
+        mix(m.start);
+        mix(m.end);
+        mix(m.pgoff);
+        mix(std::hash<std::string>{}(m.path));
+    }
+    return h;
 }
 
 }  // namespace gilscan

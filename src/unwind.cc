@@ -156,24 +156,8 @@ DwarfUnwinder::~DwarfUnwinder() = default;
 // without ASLR) share one Dwfl: loading a module's CFI and DWARF is the
 // expensive part of unwinding, and nothing in a Dwfl is per process — memory
 // reads go through the sample being unwound.
-uint64_t layout_key(const AddressSpace& as) {
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) {
-        h ^= v;
-        h *= 1099511628211ull;
-    };
-    for (const auto& [start, m] : as.maps) {
-        if (!m.exec || m.path.empty() || m.path[0] != '/') continue;
-        mix(m.start);
-        mix(m.end);
-        mix(m.pgoff);
-        mix(std::hash<std::string>{}(m.path));
-    }
-    return h;
-}
-
 DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
-    auto& sp = spaces_[layout_key(as)];
+    auto& sp = spaces_[layout_of(as)];
     if (!sp) {
         sp = std::make_unique<Space>();
         sp->dwfl = dwfl_begin(&kCallbacks);

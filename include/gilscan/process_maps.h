@@ -34,8 +34,15 @@ struct AddressSpace {
     uint64_t id = 0;       // unique per space (a new one at every exec)
     uint64_t version = 0;  // bumped whenever a mapping is added
     std::map<uint64_t, Mapping> maps;  // by start
+    uint64_t layout = 0;   // layout_key(*this), kept current by ProcessMaps (0: not computed)
     const Mapping* find(uint64_t addr) const;
 };
+
+// Identifies the executable mappings of an address space (paths and
+// addresses): spaces with the same layout share a Dwfl and frame names.
+uint64_t layout_key(const AddressSpace& as);
+// as.layout when ProcessMaps keeps it, else computed (hashes every path).
+inline uint64_t layout_of(const AddressSpace& as) { return as.layout ? as.layout : layout_key(as); }
 
 class ProcessMaps : public EventSink {
 public:

@@ -71,10 +71,6 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
 };
 
-// Identifies the executable mappings of an address space (paths and
-// addresses): spaces with the same layout share a Dwfl and frame names.
-uint64_t layout_key(const AddressSpace& as);
-
 // x86-64: perf_event_x86_regs index -> DWARF register number (-1: none).
 int perf_reg_to_dwarf(unsigned perf_reg);
 
