@@ -99,9 +99,21 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
     }
     bool decided = false;
     std::string stack;
-    auto add_frame = [&stack](const std::string& name) {
+    // Frames are cached as JSON fragments, escaped once ("a","b" for a pc
+    // with an inlined call): a stack is then a few appends, not a character
+    // loop per frame per sleep.
+    auto add_json = [&stack](const std::string& fragment) {
+        if (fragment.empty()) return;
         stack += stack.empty() ? "[" : ",";
-        append_json_string(stack, name);
+        stack += fragment;
+    };
+    auto to_json = [](const std::vector<std::string>& names) {
+        std::string j;
+        for (const auto& n : names) {
+            if (!j.empty()) j += ',';
+            append_json_string(j, n);
+        }
+        return j;
     };
     if (stack_frames_) {
         // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
@@ -115,7 +127,19 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
                 if (ip == PERF_CONTEXT_USER) break;
                 continue;
             }
-            if (kernel) add_frame(ksyms.name(ip));
+            if (!kernel) continue;
+            {
+                std::shared_lock<std::shared_mutex> l(names_->mu);
+                auto it = names_->kernel.find(ip);
+                if (it != names_->kernel.end()) {
+                    add_json(it->second);
+                    continue;
+                }
+            }
+            std::string j = to_json({ksyms.name(ip)});
+            add_json(j);
+            std::unique_lock<std::shared_mutex> l(names_->mu);
+            names_->kernel.emplace(ip, std::move(j));
         }
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
@@ -129,16 +153,16 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
                 if (sp != names_->names.end()) {
                     auto it = sp->second.find(f.pc);
                     if (it != sp->second.end()) {
-                        for (const auto& n : it->second) add_frame(n);
+                        add_json(it->second);
                         found = true;
                     }
                 }
             }
             if (!found) {
-                std::vector<std::string> names = describe_frame(f);
-                for (const auto& n : names) add_frame(n);
+                std::string j = to_json(describe_frame(f));
+                add_json(j);
                 std::unique_lock<std::shared_mutex> l(names_->mu);
-                names_->names[layout].emplace(f.pc, std::move(names));
+                names_->names[layout].emplace(f.pc, std::move(j));
             }
         }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;

@@ -68,7 +68,9 @@ public:
     // The kernel's symbols are read once (from /proc/kallsyms) for all of them.
     struct NameCache {
         std::shared_mutex mu;
-        std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::vector<std::string>>> names;
+        // layout -> pc -> the frame's names as JSON strings ("a","b"), escaped once
+        std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> names;
+        std::unordered_map<uint64_t, std::string> kernel;  // kernel address -> its name as a JSON string
         std::once_flag ksyms_once;
         std::unique_ptr<KernelSymbols> ksyms;
     };
