@@ -12,11 +12,13 @@
 // ".gz" is written gzip-compressed (zlib), ".zst" zstd-compressed, streamed.
 //
 // Full 4 MiB buffers are compressed and written by a background thread, so
-// the write(2) copies into the page cache (a fifth of a trace run on this
-// project's VM) and the compression overlap the analysis. An error there is
-// raised by the next write() or by commit().
+// the writes and the compression overlap the analysis; an uncompressed file
+// is written with O_DIRECT where the filesystem allows (no page-cache copy,
+// which on this project's VM cost a core for as long as the analysis). An
+// error there is raised by the next write() or by commit().
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -41,7 +43,7 @@ public:
 
     void write(const char* data, size_t n);
     void write(std::string_view s) { write(s.data(), s.size()); }
-    // At least n (<= kBufferSize) writable bytes at the returned pointer;
+    // At least n (<= kBufferSize / 2) writable bytes at the returned pointer;
     // advance(k) makes k of them part of the output.
     char* room(size_t n) {
         if (n > kBufferSize - used_) hand_off();
@@ -63,6 +65,9 @@ private:
     void sink(const char* data, size_t n, bool finish);  // compress (or not) and write
     void raw_write(const char* p, size_t n);
     void stop_writer();
+    void no_direct();  // back to buffered writes (for an unaligned tail)
+    static constexpr size_t kDirectBlock = 4096;
+    std::atomic<bool> direct_{false};  // the file was opened with O_DIRECT
     void rethrow_writer_error();
     struct Codec;
     std::unique_ptr<Codec> codec_;
