@@ -93,7 +93,8 @@ bool RecordStream::ensure(uint64_t n) {
     // After a payload skipped past header.size, pos_ may be beyond the chunk.
     const uint64_t carried = pos_ < cend_ ? cend_ - pos_ : 0;
     const uint64_t from = pos_ + carried;
-    const size_t cap = static_cast<size_t>(std::max<uint64_t>(chunk_size_, n));
+    // No bigger than what is left to read: a small file gets a small chunk.
+    const size_t cap = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(chunk_size_, end_ - pos_), n));
     uint32_t id = chunks_.acquire(cap, pos_, false);
     ChunkBytes& buf = chunks_.bytes(id);
     buf.resize(cap);

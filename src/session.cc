@@ -228,6 +228,7 @@ struct Handed {
 // also when every record is an 8 KiB DWARF stack sample.
 constexpr size_t kBatch = 4096;
 constexpr size_t kBatchBytes = 1u << 20;
+constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
 
 }  // namespace
 
@@ -255,14 +256,45 @@ void Session::run(EventSink& sink) {
     std::string reader_malformed_reason;
     std::exception_ptr reader_error;
 
-    std::thread reader([&] {
-        pthread_setname_np(pthread_self(), "gilscan-read");
+    // The stages' side: records of one batch to the sink.
+    auto consume = [&](const std::vector<Handed>& batch) {
+        RawRecord r;
+        const size_t n = batch.size();
+        for (size_t i = 0; i < n; ++i) {
+            // The reader's core read these bytes last: ask for them early.
+            if (i + 8 < n) {
+                __builtin_prefetch(batch[i + 8].rec);
+                __builtin_prefetch(batch[i + 8].rec + 64);
+            }
+            const Handed& h = batch[i];
+            r.type = load<uint32_t>(h.rec, header_.swap);
+            r.misc = load<uint16_t>(h.rec + 4, header_.swap);
+            r.size = load<uint16_t>(h.rec + 6, header_.swap);
+            r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+            r.offset = h.offset;
+            r.compressed = h.compressed;
+            r.chunk = h.chunk;
+            deliver(r, sink);
+        }
+    };
+    // Small recordings are read inline: a second thread would cost more than
+    // it overlaps. Same code either way; only send() differs.
+    const bool threaded = threaded_.value_or(end - begin >= kThreadedFrom);
+
+    auto read_all = [&] {
         std::vector<Handed> batch, back;
         batch.reserve(kBatch);
         size_t batch_bytes = 0;
         bool stopped = false;
         auto send = [&] {
             if (batch.empty() || stopped) return;
+            if (!threaded) {
+                consume(batch);  // exceptions go straight to run()'s caller
+                for (const Handed& h : batch) chunks.release(h.chunk);
+                batch.clear();
+                batch_bytes = 0;
+                return;
+            }
             if (!handoff.push(std::move(batch))) stopped = true;
             batch.clear();
             batch_bytes = 0;
@@ -295,7 +327,7 @@ void Session::run(EventSink& sink) {
                 }
                 if (r.type >= PERF_RECORD_KERNEL_MAX) {
                     send();
-                    if (!handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
+                    if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
                     try {
                         handle_user_record(r);
                     } catch (const Error& e) {
@@ -331,40 +363,32 @@ void Session::run(EventSink& sink) {
             q.flush_all(hand);
             send();
         } catch (...) {
+            if (!threaded) throw;
             reader_error = std::current_exception();
         }
         handoff.close();
-    });
+    };
 
-    std::vector<Handed> batch;
-    try {
-        RawRecord r;
-        while (handoff.pop(batch)) {
-            const size_t n = batch.size();
-            for (size_t i = 0; i < n; ++i) {
-                // The reader's core read these bytes last: ask for them early.
-                if (i + 8 < n) {
-                    __builtin_prefetch(batch[i + 8].rec);
-                    __builtin_prefetch(batch[i + 8].rec + 64);
-                }
-                const Handed& h = batch[i];
-                r.type = load<uint32_t>(h.rec, header_.swap);
-                r.misc = load<uint16_t>(h.rec + 4, header_.swap);
-                r.size = load<uint16_t>(h.rec + 6, header_.swap);
-                r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-                r.offset = h.offset;
-                r.compressed = h.compressed;
-                r.chunk = h.chunk;
-                deliver(r, sink);
+    if (!threaded) {
+        read_all();
+    } else {
+        std::thread reader([&] {
+            pthread_setname_np(pthread_self(), "gilscan-read");
+            read_all();
+        });
+        std::vector<Handed> batch;
+        try {
+            while (handoff.pop(batch)) {
+                consume(batch);
+                handoff.done(std::move(batch));
             }
-            handoff.done(std::move(batch));
+        } catch (...) {
+            handoff.abort();
+            reader.join();
+            throw;
         }
-    } catch (...) {
-        handoff.abort();
         reader.join();
-        throw;
     }
-    reader.join();
     if (reader_error) std::rethrow_exception(reader_error);
     if (reader_malformed) {
         if (stats_.malformed == 0 || reader_first_malformed < stats_.first_malformed_offset) {
@@ -402,72 +426,80 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
     if (event_index < 0) return;  // counted when it was read
     const EventInfo& ev = events_[static_cast<size_t>(event_index)];
     const bool swap = header_.swap;
-    try {
-        switch (r.type) {
-        case PERF_RECORD_SAMPLE: {
-            // One Sample per attr, reused: the same fields are written every time.
-            if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
-            Sample& s = sample_cache_[static_cast<size_t>(event_index)];
-            parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s);
-            if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
-                stats_.samples_by_event.resize(events_.size());
-            ++stats_.samples_by_event[static_cast<size_t>(event_index)];
-            if (s.has_time) {
-                if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;
-                stats_.last_time = std::max(stats_.last_time, s.time);
-                stats_.have_time = true;
+    // A record that does not decode is counted and skipped; what the stages
+    // throw (an output that cannot be written) ends the run: only the
+    // decoding is guarded.
+    auto decoded = [&](auto&& decode) {
+        try {
+            decode();
+            return true;
+        } catch (const Error& e) {
+            if (stats_.malformed++ == 0) {
+                stats_.first_malformed_offset = r.offset;
+                stats_.first_malformed_reason = e.what();
             }
-            sink.on_sample(s, ev);
-            break;
+            return false;
         }
-        case PERF_RECORD_COMM: {
-            CommEvent e;
-            decode_comm(r.body, r.misc, ev.attr, swap, e);
-            sink.on_comm(e);
-            break;
+    };
+    switch (r.type) {
+    case PERF_RECORD_SAMPLE: {
+        // One Sample per attr, reused: the same fields are written every time.
+        if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
+        Sample& s = sample_cache_[static_cast<size_t>(event_index)];
+        if (!decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); })) return;
+        if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
+            stats_.samples_by_event.resize(events_.size());
+        ++stats_.samples_by_event[static_cast<size_t>(event_index)];
+        if (s.has_time) {
+            if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;
+            stats_.last_time = std::max(stats_.last_time, s.time);
+            stats_.have_time = true;
         }
-        case PERF_RECORD_FORK:
-        case PERF_RECORD_EXIT: {
-            TaskEvent e;
-            decode_task(r.body, ev.attr, swap, e);
-            if (r.type == PERF_RECORD_FORK)
-                sink.on_fork(e);
-            else
-                sink.on_exit(e);
-            break;
+        sink.on_sample(s, ev);
+        break;
+    }
+    case PERF_RECORD_COMM: {
+        CommEvent e;
+        if (!decoded([&] { decode_comm(r.body, r.misc, ev.attr, swap, e); })) return;
+        sink.on_comm(e);
+        break;
+    }
+    case PERF_RECORD_FORK:
+    case PERF_RECORD_EXIT: {
+        TaskEvent e;
+        if (!decoded([&] { decode_task(r.body, ev.attr, swap, e); })) return;
+        if (r.type == PERF_RECORD_FORK)
+            sink.on_fork(e);
+        else
+            sink.on_exit(e);
+        break;
+    }
+    case PERF_RECORD_MMAP:
+    case PERF_RECORD_MMAP2: {
+        MmapEvent e;
+        if (!decoded([&] { decode_mmap(r.body, r.type, r.misc, ev.attr, swap, e); })) return;
+        sink.on_mmap(e);
+        break;
+    }
+    case PERF_RECORD_LOST:
+    case PERF_RECORD_LOST_SAMPLES: {
+        LostEvent e;
+        if (!decoded([&] { decode_lost(r.body, r.type, ev.attr, swap, e); })) return;
+        if (e.samples) {
+            stats_.lost_samples += e.lost;
+            stats_.lost_samples_by_cpu[e.sid.cpu] += e.lost;
+        } else {
+            ++stats_.lost_records;
+            stats_.lost_events += e.lost;
+            stats_.lost_by_cpu[e.sid.cpu] += e.lost;
         }
-        case PERF_RECORD_MMAP:
-        case PERF_RECORD_MMAP2: {
-            MmapEvent e;
-            decode_mmap(r.body, r.type, r.misc, ev.attr, swap, e);
-            sink.on_mmap(e);
-            break;
-        }
-        case PERF_RECORD_LOST:
-        case PERF_RECORD_LOST_SAMPLES: {
-            LostEvent e;
-            decode_lost(r.body, r.type, ev.attr, swap, e);
-            if (e.samples) {
-                stats_.lost_samples += e.lost;
-                stats_.lost_samples_by_cpu[e.sid.cpu] += e.lost;
-            } else {
-                ++stats_.lost_records;
-                stats_.lost_events += e.lost;
-                stats_.lost_by_cpu[e.sid.cpu] += e.lost;
-            }
-            sink.on_lost(e);
-            break;
-        }
-        default:
-            // SWITCH, KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
-            if (r.type > PERF_RECORD_AUX_OUTPUT_HW_ID && r.type < PERF_RECORD_KERNEL_MAX) ++stats_.unknown_types;
-            break;
-        }
-    } catch (const Error& e) {
-        if (stats_.malformed++ == 0) {
-            stats_.first_malformed_offset = r.offset;
-            stats_.first_malformed_reason = e.what();
-        }
+        sink.on_lost(e);
+        break;
+    }
+    default:
+        // SWITCH, KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
+        if (r.type > PERF_RECORD_AUX_OUTPUT_HW_ID && r.type < PERF_RECORD_KERNEL_MAX) ++stats_.unknown_types;
+        break;
     }
 }
 

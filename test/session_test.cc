@@ -86,8 +86,10 @@ TEST_CASE("records and the tracing data straddling read chunks: every chunk size
     for (size_t chunk : {64u, 65u, 100u, 333u, 4096u}) {
         CAPTURE(chunk);
         check_small(analyse_bytes(r.w.build(), chunk));
+        check_small(analyse_bytes(r.w.build(), chunk, true));
         check_small(analyse_bytes(r.w.build_pipe(), chunk));  // tracing data is read past header.size
-        check_small(analyse_bytes(small(true).w.build_pipe(), chunk));
+        check_small(analyse_bytes(r.w.build_pipe(), chunk, true));
+        check_small(analyse_bytes(small(true).w.build_pipe(), chunk, true));
         PerfWriter::BuildOptions o;
         o.compress_chunk = 50;
         Analysis z = analyse_bytes(r.w.build(o), chunk);
@@ -439,4 +441,24 @@ TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the p
     CHECK(g.pop(one));
     g.abort();
     p2.join();
+}
+
+TEST_CASE("a stage that throws stops the run, with or without the reader thread, and nothing hangs") {
+    SchedRecording r;
+    for (uint64_t t = 1; t <= 20000; ++t) r.switch_(t * 10, static_cast<uint32_t>(t % 4), 1, 2, 1, 0);
+    TempFile f(r.w.build());
+    struct Thrower : EventSink {
+        int n = 0;
+        void on_sample(const Sample&, const EventInfo&) override {
+            if (++n == 5000) throw Error("stage", Error::no_offset, "disk full");
+        }
+    };
+    for (bool threaded : {false, true}) {
+        CAPTURE(threaded);
+        Session s(f.path);
+        s.set_threaded(threaded);
+        Thrower t;
+        CHECK_THROWS_WITH_AS(s.run(t), doctest::Contains("disk full"), Error);
+        CHECK(t.n == 5000);
+    }
 }

@@ -1,6 +1,7 @@
 // Helpers shared by the synthetic-recording tests.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,11 +99,13 @@ struct Analysis {
     }
 };
 
-// chunk_size: bytes per read of the data section (0: the default).
-inline Analysis analyse(const std::string& path, size_t chunk_size = 0) {
+// chunk_size: bytes per read of the data section (0: the default);
+// threaded: force the reader thread on or off (default: by size).
+inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::optional<bool> threaded = {}) {
     Analysis a;
     Session s(path);
     if (chunk_size) s.set_chunk_size(chunk_size);
+    if (threaded) s.set_threaded(*threaded);
     GilTracker gil(nullptr);
     Timeline tl(s, a.spans);
     tl.set_classifier(gil_probe_classifier(gil));
@@ -144,9 +147,10 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     return a;
 }
 
-inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes, size_t chunk_size = 0) {
+inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes, size_t chunk_size = 0,
+                              std::optional<bool> threaded = {}) {
     TempFile f(bytes);
-    return analyse(f.path, chunk_size);
+    return analyse(f.path, chunk_size, threaded);
 }
 
 }  // namespace gilscan::test

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -90,6 +91,8 @@ public:
     void set_progress(std::function<void(uint64_t, uint64_t)> f) { progress_ = std::move(f); }
     // Bytes per read of the data section (tests use tiny chunks to make records straddle them).
     void set_chunk_size(size_t n) { chunk_size_ = n; }
+    // Reader thread or not (default: from a 4 MiB data section on). Tests force both.
+    void set_threaded(bool on) { threaded_ = on; }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -131,6 +134,7 @@ private:
     DecodeStats stats_;
     std::function<void(uint64_t, uint64_t)> progress_;
     size_t chunk_size_ = RecordStream::kChunkSize;
+    std::optional<bool> threaded_;
     std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
 };
 
