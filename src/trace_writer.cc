@@ -202,9 +202,15 @@ void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, st
 }
 
 void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
+    metadata("thread_name", pid, tid, name);
+}
+
+void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name) {
     if (!wanted(pid)) return;
-    char* p = begin(kFixed + str_bound(name));
-    p = put(p, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
+    char* p = begin(kFixed + what.size() + str_bound(name));
+    p = put(p, "{\"ph\":\"M\",\"name\":\"");
+    p = put(p, what);
+    p = put(p, "\",\"pid\":");
     p = put_int(p, pid);
     p = put(p, ",\"tid\":");
     p = put_int(p, tid);
@@ -222,18 +228,7 @@ void TraceWriter::finish(const std::vector<ThreadStats>& threads, const TraceMet
         int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
         if (t.tid == pid || !process_names.count(pid)) process_names[pid] = t.comm;
     }
-    for (const auto& [pid, name] : process_names) {
-        if (!wanted(pid)) continue;
-        char* p = begin(kFixed + str_bound(name));
-        p = put(p, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
-        p = put_int(p, pid);
-        p = put(p, ",\"tid\":");
-        p = put_int(p, pid);
-        p = put(p, ",\"args\":{\"name\":");
-        p = put_str(p, name);
-        p = put(p, "}}");
-        end(p);
-    }
+    for (const auto& [pid, name] : process_names) metadata("process_name", pid, pid, name);
     for (const auto& t : threads) {
         int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
         if (t.monitored) name_thread(pid, t.tid, t.comm);

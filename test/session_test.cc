@@ -56,6 +56,19 @@ void check_small(const Analysis& a) {
     CHECK(t->tgid == 10);
 }
 
+// Record k of a chunk of 16-byte records (its body holds k), pushed at time t.
+template <class Deliver>
+void push_numbered(OrderedQueue& q, ChunkTable& chunks, uint32_t id, uint64_t k, uint64_t t, Deliver& deliver) {
+    uint8_t* rec = chunks.bytes(id).data() + k * 16;
+    std::memset(rec, 0, 16);
+    rec[6] = 16;
+    std::memcpy(rec + 8, &k, 8);
+    RawRecord r;
+    r.chunk = id;
+    r.body = Bytes(rec + 8, 8);
+    q.push(t, r, deliver);
+}
+
 }  // namespace
 
 TEST_CASE("synthetic recording: names from EVENT_DESC, fields from the embedded formats") {
@@ -154,22 +167,11 @@ TEST_CASE("bounded queue: without rounds the older half is released; chunks are 
     ChunkTable chunks;
     OrderedQueue q(chunks, 8);
     std::vector<uint64_t> out;
-    // Records carry their time in the body here, so delivery order is visible.
+    // Records carry their push index in the body, so delivery order is visible.
     const uint32_t id = chunks.acquire(20 * 16, 0, false);
-    ChunkBytes& buf = chunks.bytes(id);
-    for (uint64_t t = 0; t < 20; ++t) {
-        std::vector<uint8_t> r(16, 0);
-        r[6] = 16;
-        std::memcpy(r.data() + 8, &t, 8);
-        buf.insert(buf.end(), r.begin(), r.end());
-    }
+    chunks.bytes(id).resize(20 * 16);
     auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
-    for (uint64_t t = 0; t < 20; ++t) {
-        RawRecord r;
-        r.chunk = id;
-        r.body = Bytes(buf.data() + t * 16 + 8, 8);
-        q.push(t % 2 ? t : 19 - t, r, deliver);  // two interleaved runs
-    }
+    for (uint64_t t = 0; t < 20; ++t) push_numbered(q, chunks, id, t, t % 2 ? t : 19 - t, deliver);  // two interleaved runs
     CHECK(q.peak_size() <= 9);
     CHECK(q.half_flushes() > 0);
     q.flush_all(deliver);
@@ -188,22 +190,13 @@ TEST_CASE("equal timestamps keep file order across runs and rounds") {
     ChunkTable chunks;
     OrderedQueue q(chunks);
     const uint32_t id = chunks.acquire(64 * 16, 0, false);
-    ChunkBytes& buf = chunks.bytes(id);
-    buf.resize(64 * 16);
+    chunks.bytes(id).resize(64 * 16);
     std::vector<uint64_t> out;
     auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
     // Four "CPU runs" of (time 5, 5, 7) each, pushed in file order 0..11.
     uint64_t n = 0;
     for (int run = 0; run < 4; ++run)
-        for (uint64_t t : {5u, 5u, 7u}) {
-            buf[n * 16 + 6] = 16;
-            std::memcpy(buf.data() + n * 16 + 8, &n, 8);
-            RawRecord r;
-            r.chunk = id;
-            r.body = Bytes(buf.data() + n * 16 + 8, 8);
-            q.push(t, r, deliver);
-            ++n;
-        }
+        for (uint64_t t : {5u, 5u, 7u}) push_numbered(q, chunks, id, n++, t, deliver);
     q.flush_all(deliver);
     CHECK(out == std::vector<uint64_t>{0, 1, 3, 4, 6, 7, 9, 10, 2, 5, 8, 11});
     chunks.release(id);
@@ -372,8 +365,7 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
         constexpr uint64_t kRounds = 4, kPerCpu = 100;
         const uint64_t n = kRounds * kCpus * kPerCpu;
         const uint32_t id = chunks.acquire(n * 16, 0, false);
-        ChunkBytes& buf = chunks.bytes(id);
-        buf.resize(n * 16);
+        chunks.bytes(id).resize(n * 16);
         std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
         std::vector<uint64_t> out;
         auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
@@ -385,12 +377,7 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
                 for (uint64_t i = 0; i < kPerCpu; ++i) times.push_back(round * span + rnd() % span);
                 std::sort(times.begin(), times.end());  // one sorted run per CPU buffer
                 for (uint64_t t : times) {
-                    buf[k * 16 + 6] = 16;
-                    std::memcpy(buf.data() + k * 16 + 8, &k, 8);
-                    RawRecord r;
-                    r.chunk = id;
-                    r.body = Bytes(buf.data() + k * 16 + 8, 8);
-                    q.push(t, r, deliver);
+                    push_numbered(q, chunks, id, k, t, deliver);
                     expect.push_back({t, k});
                     ++k;
                 }

@@ -61,6 +61,8 @@ private:
     char* begin(size_t bound);
     void end(char* p);
     bool wanted(int32_t pid) const { return opt_.pids.empty() || opt_.pids.count(pid); }
+    // A "M" event: what = "thread_name" or "process_name".
+    void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
 
     OutputFile& out_;
     TraceOptions opt_;
