@@ -79,6 +79,22 @@ inline char* put_str(char* p, std::string_view s) {
     return p;
 }
 
+// ,"pid":P,"tid":T — every event but counters names its track so.
+inline char* put_track(char* p, int32_t pid, int32_t tid) {
+    p = put(p, ",\"pid\":");
+    p = put_int(p, pid);
+    p = put(p, ",\"tid\":");
+    return put_int(p, tid);
+}
+
+// ,"ts":start,"dur":end-start (never negative)
+inline char* put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
+    p = put(p, ",\"ts\":");
+    p = put_us(p, start_ns);
+    p = put(p, ",\"dur\":");
+    return put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
+}
+
 constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in this
 inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 
@@ -130,14 +146,8 @@ void TraceWriter::span(const Span& s) {
     char* p = begin(kFixed + str_bound(s.name) + str_bound(s.state) + str_bound(s.evidence) + s.stack_json.size());
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);
-    p = put(p, ",\"pid\":");
-    p = put_int(p, s.tgid);
-    p = put(p, ",\"tid\":");
-    p = put_int(p, s.tid);
-    p = put(p, ",\"ts\":");
-    p = put_us(p, s.start);
-    p = put(p, ",\"dur\":");
-    p = put_us(p, s.end - s.start);
+    p = put_track(p, s.tgid, s.tid);
+    p = put_interval(p, s.start, s.end);
     p = put(p, ",\"args\":{\"state\":");
     p = put_str(p, s.state);
     if (s.cpu != ~0u) {
@@ -170,14 +180,8 @@ void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std:
     p = put_str(p, cat);
     p = put(p, ",\"name\":");
     p = put_str(p, name);
-    p = put(p, ",\"pid\":");
-    p = put_int(p, pid);
-    p = put(p, ",\"tid\":");
-    p = put_int(p, tid);
-    p = put(p, ",\"ts\":");
-    p = put_us(p, start_ns);
-    p = put(p, ",\"dur\":");
-    p = put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
+    p = put_track(p, pid, tid);
+    p = put_interval(p, start_ns, end_ns);
     if (!args_json.empty()) {
         p = put(p, ",\"args\":");
         p = put(p, args_json);
@@ -210,10 +214,8 @@ void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std:
     char* p = begin(kFixed + what.size() + str_bound(name));
     p = put(p, "{\"ph\":\"M\",\"name\":\"");
     p = put(p, what);
-    p = put(p, "\",\"pid\":");
-    p = put_int(p, pid);
-    p = put(p, ",\"tid\":");
-    p = put_int(p, tid);
+    p = put(p, "\"");
+    p = put_track(p, pid, tid);
     p = put(p, ",\"args\":{\"name\":");
     p = put_str(p, name);
     p = put(p, "}}");
