@@ -1,0 +1,306 @@
+// Session::run and Session::deliver — stage 2's loop: records in time order
+// to the stages, with the reader on its own thread for large recordings.
+// (The session's set-up — header, attrs, features, names — is session.cc.)
+#include <algorithm>
+#include <exception>
+#include <thread>
+
+#include <pthread.h>
+
+#include "gilscan/handoff.h"
+#include "gilscan/perf_abi.h"
+#include "gilscan/session.h"
+
+namespace gilscan {
+
+namespace {
+
+// One record on its way from the reader thread to the stages: a pointer into
+// a chunk the reader keeps alive until the batch comes back.
+struct Handed {
+    const uint8_t* rec;
+    uint64_t offset;
+    uint32_t chunk;
+    bool compressed;
+};
+// A batch goes over at 4096 records or 1 MiB of record bytes, whichever
+// comes first, so at most 64 batches (64 MiB of chunks) are ever in flight,
+// also when every record is an 8 KiB DWARF stack sample.
+constexpr size_t kBatch = 4096;
+constexpr size_t kBatchBytes = 1u << 20;
+constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
+
+}  // namespace
+
+// Two threads: the reader (framing, decompression, ids, timestamps, ordering)
+// and the caller's thread, which runs the stages on records in time order.
+// They meet only at batches; the reader waits for the stages to go idle
+// before applying a record that changes the session's own state (attrs,
+// formats, names: pipe mode's header records), so the stages never see it
+// change under them.
+void Session::run(EventSink& sink) {
+    const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
+    const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
+    ChunkTable chunks;
+    RecordStream rs(file_, begin, end, header_.swap, chunks, chunk_size_);
+    OrderedQueue q(chunks, 4u << 20, header_.swap);
+    // Up to 64 batches in flight: the reader produces a whole round at each
+    // FINISHED_ROUND and nothing while it reads the next one; the slack keeps
+    // both threads busy through those bursts. Bounded in bytes too (kBatchBytes).
+    Handoff<Handed> handoff(64);
+    // Reader-side counts, merged with the stages' after both are done (the
+    // stages write stats_ per record: sharing its cache lines would cost more
+    // than the second thread gains).
+    uint64_t reader_records = 0, reader_unknown_ids = 0;
+    uint64_t reader_malformed = 0, reader_unknown_types = 0, reader_first_malformed = 0;
+    std::string reader_malformed_reason;
+    std::exception_ptr reader_error;
+
+    // The stages' side: records of one batch to the sink.
+    auto consume = [&](const std::vector<Handed>& batch) {
+        RawRecord r;
+        const size_t n = batch.size();
+        for (size_t i = 0; i < n; ++i) {
+            // The reader's core read these bytes last: ask for them early.
+            if (i + 8 < n) {
+                __builtin_prefetch(batch[i + 8].rec);
+                __builtin_prefetch(batch[i + 8].rec + 64);
+            }
+            const Handed& h = batch[i];
+            r.type = load<uint32_t>(h.rec, header_.swap);
+            r.misc = load<uint16_t>(h.rec + 4, header_.swap);
+            r.size = load<uint16_t>(h.rec + 6, header_.swap);
+            r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+            r.offset = h.offset;
+            r.compressed = h.compressed;
+            r.chunk = h.chunk;
+            deliver(r, sink);
+        }
+    };
+    // Small recordings are read inline: a second thread would cost more than
+    // it overlaps. Same code either way; only send() differs.
+    const bool threaded = threaded_.value_or(end - begin >= kThreadedFrom);
+
+    auto read_all = [&] {
+        std::vector<Handed> batch, back;
+        batch.reserve(kBatch);
+        size_t batch_bytes = 0;
+        bool stopped = false;
+        auto send = [&] {
+            if (batch.empty() || stopped) return;
+            if (!threaded) {
+                consume(batch);  // exceptions go straight to run()'s caller
+                for (const Handed& h : batch) chunks.release(h.chunk);
+                batch.clear();
+                batch_bytes = 0;
+                return;
+            }
+            if (!handoff.push(std::move(batch))) stopped = true;
+            batch.clear();
+            batch_bytes = 0;
+            if (handoff.take_done(back)) {  // recycle the consumer's batches and their chunks
+                for (const Handed& h : back) chunks.release(h.chunk);
+                back.clear();
+                batch.swap(back);
+            }
+            batch.reserve(kBatch);
+        };
+        auto hand = [&](const RawRecord& rec) {
+            chunks.retain(rec.chunk);
+            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed});
+            batch_bytes += rec.size;
+            if (batch.size() >= kBatch || batch_bytes >= kBatchBytes) send();
+        };
+        try {
+            uint64_t next_progress = begin;
+            const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
+            RawRecord r;
+            while (!stopped && rs.next(r)) {
+                if (progress_ && rs.position() >= next_progress) {
+                    progress_(rs.position() - begin, end - begin);
+                    next_progress = rs.position() + progress_step;
+                }
+                ++reader_records;
+                if (r.type == PERF_RECORD_FINISHED_ROUND) {
+                    q.finished_round(hand);
+                    continue;
+                }
+                if (r.type >= PERF_RECORD_KERNEL_MAX) {
+                    send();
+                    if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
+                    try {
+                        handle_user_record(r);
+                    } catch (const Error& e) {
+                        if (reader_malformed++ == 0) {
+                            reader_first_malformed = r.offset;
+                            reader_malformed_reason = e.what();
+                        }
+                    }
+                    if (r.type > PERF_RECORD_COMPRESSED2) ++reader_unknown_types;
+                    continue;
+                }
+                int ev = event_for(r);
+                if (ev < 0) {
+                    ++reader_unknown_ids;
+                    continue;
+                }
+                // Timestamp: a sample's TIME field, else the sample_id_all trailer.
+                const EventInfo& info = events_[static_cast<size_t>(ev)];
+                const size_t words = r.body.size() / 8;
+                const uint8_t* tp = nullptr;
+                if (r.type == PERF_RECORD_SAMPLE) {
+                    if (info.sample_time_index >= 0 && static_cast<size_t>(info.sample_time_index) < words)
+                        tp = r.body.data() + info.sample_time_index * 8;
+                } else if (info.trailer_time_index > 0 && static_cast<size_t>(info.trailer_words) <= words) {
+                    tp = r.body.data() + r.body.size() - info.trailer_time_index * 8;
+                }
+                if (!tp) {
+                    hand(r);  // as perf does for records without a time: delivered at once
+                    continue;
+                }
+                q.push(load<uint64_t>(tp, header_.swap), r, hand);
+            }
+            q.flush_all(hand);
+            send();
+        } catch (...) {
+            if (!threaded) throw;
+            reader_error = std::current_exception();
+        }
+        handoff.close();
+    };
+
+    if (!threaded) {
+        read_all();
+    } else {
+        std::thread reader([&] {
+            pthread_setname_np(pthread_self(), "gilscan-read");
+            read_all();
+        });
+        std::vector<Handed> batch;
+        try {
+            while (handoff.pop(batch)) {
+                consume(batch);
+                handoff.done(std::move(batch));
+            }
+        } catch (...) {
+            handoff.abort();
+            reader.join();
+            throw;
+        }
+        reader.join();
+    }
+    if (reader_error) std::rethrow_exception(reader_error);
+    if (reader_malformed) {
+        if (stats_.malformed == 0 || reader_first_malformed < stats_.first_malformed_offset) {
+            stats_.first_malformed_offset = reader_first_malformed;
+            stats_.first_malformed_reason = reader_malformed_reason;
+        }
+        stats_.malformed += reader_malformed;
+    }
+    stats_.unknown_types += reader_unknown_types;
+    stats_.records += reader_records;
+    stats_.unknown_ids += reader_unknown_ids;
+    if (progress_) progress_(end - begin, end - begin);
+    stats_.out_of_order = q.out_of_order();
+    stats_.compressed_records = rs.compressed_records();
+    for (const auto& w : rs.warnings()) warn(w);
+    if (rs.stopped()) {
+        stats_.truncated = true;
+        warn(rs.stop_reason() + " at byte " + std::to_string(rs.stop_offset()) +
+             "; results cover the data before it");
+    }
+    if (stats_.malformed)
+        warn(std::to_string(stats_.malformed) + " malformed record(s) skipped, the first at byte " +
+             std::to_string(stats_.first_malformed_offset) + ": " + stats_.first_malformed_reason);
+    if (stats_.unknown_ids) warn(std::to_string(stats_.unknown_ids) + " record(s) with an unknown event id skipped");
+    if (stats_.out_of_order)
+        warn(std::to_string(stats_.out_of_order) + " record(s) arrived out of time order");
+    if (stats_.lost_records)
+        warn(std::to_string(stats_.lost_events) + " event(s) lost in " + std::to_string(stats_.lost_records) +
+             " LOST record(s); affected intervals are marked unknown");
+    if (stats_.lost_samples) warn(std::to_string(stats_.lost_samples) + " sample(s) dropped by the kernel (LOST_SAMPLES)");
+}
+
+void Session::deliver(const RawRecord& r, EventSink& sink) {
+    const int event_index = event_for(r);
+    if (event_index < 0) return;  // counted when it was read
+    const EventInfo& ev = events_[static_cast<size_t>(event_index)];
+    const bool swap = header_.swap;
+    // A record that does not decode is counted and skipped; what the stages
+    // throw (an output that cannot be written) ends the run: only the
+    // decoding is guarded.
+    auto decoded = [&](auto&& decode) {
+        try {
+            decode();
+            return true;
+        } catch (const Error& e) {
+            if (stats_.malformed++ == 0) {
+                stats_.first_malformed_offset = r.offset;
+                stats_.first_malformed_reason = e.what();
+            }
+            return false;
+        }
+    };
+    switch (r.type) {
+    case PERF_RECORD_SAMPLE: {
+        // One Sample per attr, reused: the same fields are written every time.
+        if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
+        Sample& s = sample_cache_[static_cast<size_t>(event_index)];
+        if (!decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); })) return;
+        if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
+            stats_.samples_by_event.resize(events_.size());
+        ++stats_.samples_by_event[static_cast<size_t>(event_index)];
+        if (s.has_time) {
+            if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;
+            stats_.last_time = std::max(stats_.last_time, s.time);
+            stats_.have_time = true;
+        }
+        sink.on_sample(s, ev);
+        break;
+    }
+    case PERF_RECORD_COMM: {
+        CommEvent e;
+        if (!decoded([&] { decode_comm(r.body, r.misc, ev.attr, swap, e); })) return;
+        sink.on_comm(e);
+        break;
+    }
+    case PERF_RECORD_FORK:
+    case PERF_RECORD_EXIT: {
+        TaskEvent e;
+        if (!decoded([&] { decode_task(r.body, ev.attr, swap, e); })) return;
+        if (r.type == PERF_RECORD_FORK)
+            sink.on_fork(e);
+        else
+            sink.on_exit(e);
+        break;
+    }
+    case PERF_RECORD_MMAP:
+    case PERF_RECORD_MMAP2: {
+        MmapEvent e;
+        if (!decoded([&] { decode_mmap(r.body, r.type, r.misc, ev.attr, swap, e); })) return;
+        sink.on_mmap(e);
+        break;
+    }
+    case PERF_RECORD_LOST:
+    case PERF_RECORD_LOST_SAMPLES: {
+        LostEvent e;
+        if (!decoded([&] { decode_lost(r.body, r.type, ev.attr, swap, e); })) return;
+        if (e.samples) {
+            stats_.lost_samples += e.lost;
+            stats_.lost_samples_by_cpu[e.sid.cpu] += e.lost;
+        } else {
+            ++stats_.lost_records;
+            stats_.lost_events += e.lost;
+            stats_.lost_by_cpu[e.sid.cpu] += e.lost;
+        }
+        sink.on_lost(e);
+        break;
+    }
+    default:
+        // SWITCH, KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
+        if (r.type > PERF_RECORD_AUX_OUTPUT_HW_ID && r.type < PERF_RECORD_KERNEL_MAX) ++stats_.unknown_types;
+        break;
+    }
+}
+
+}  // namespace gilscan
