@@ -2,6 +2,7 @@
 // whole blocks where the filesystem allows it, compressed by name.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>

@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "gilscan/record_stream.h"
+#include "gilscan/byte_buffer.h"
 
 namespace gilscan {
 

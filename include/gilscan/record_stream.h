@@ -25,14 +25,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
-#include <new>
-
-#include <sys/mman.h>
 #include <string>
 #include <vector>
 
+#include "gilscan/byte_buffer.h"
 #include "gilscan/cursor.h"
 #include "gilscan/mapped_file.h"
 
@@ -42,43 +38,6 @@ namespace gilscan {
 
 inline constexpr uint32_t kNoChunk = ~0u;
 
-// An allocator whose resize() leaves new bytes uninitialised: a chunk is
-// about to be overwritten by pread or zstd, zero-filling it first would cost
-// as much as the read.
-template <class T>
-struct UninitAllocator : std::allocator<T> {
-    template <class U>
-    struct rebind {
-        using other = UninitAllocator<U>;
-    };
-    UninitAllocator() = default;
-    template <class U>
-    UninitAllocator(const UninitAllocator<U>&) noexcept {}
-    template <class U>
-    void construct(U* p) noexcept {
-        ::new (static_cast<void*>(p)) U;
-    }
-    // Chunk-sized buffers on transparent huge pages: one page fault per 2 MiB
-    // instead of 512 the first time a buffer is filled.
-    T* allocate(size_t n) {
-        const size_t bytes = n * sizeof(T);
-        if (bytes < kHuge) return std::allocator<T>::allocate(n);
-        void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
-        if (!p) throw std::bad_alloc();
-        ::madvise(p, bytes, MADV_HUGEPAGE);
-        return static_cast<T*>(p);
-    }
-    void deallocate(T* p, size_t n) {
-        if (n * sizeof(T) < kHuge) return std::allocator<T>::deallocate(p, n);
-        std::free(p);
-    }
-    static constexpr size_t kHuge = 2u << 20;
-    template <class U, class... A>
-    void construct(U* p, A&&... a) {
-        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-    }
-};
-using ChunkBytes = std::vector<uint8_t, UninitAllocator<uint8_t>>;
 
 // Reference-counted byte buffers that records point into. Buffers are
 // recycled: a released chunk's memory is reused by the next acquire().

@@ -1,0 +1,57 @@
+// ChunkBytes — a byte vector for large buffers that are filled right after
+// they are sized: read chunks (record_stream) and output buffers (output_file).
+//
+//   ChunkBytes b;
+//   b.resize(2u << 20);          // no zero fill; from 2 MiB on, huge pages
+//   size_t n = pread(fd, b.data(), b.size(), off);
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include <sys/mman.h>
+
+namespace gilscan {
+
+// An allocator whose resize() leaves new bytes uninitialised: a buffer that
+// is about to be overwritten (by pread, zstd, or trace text) costs as much
+// again when zero-filled first.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = UninitAllocator<U>;
+    };
+    UninitAllocator() = default;
+    template <class U>
+    UninitAllocator(const UninitAllocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept {
+        ::new (static_cast<void*>(p)) U;
+    }
+    // Chunk-sized buffers on transparent huge pages: one page fault per 2 MiB
+    // instead of 512 the first time a buffer is filled.
+    T* allocate(size_t n) {
+        const size_t bytes = n * sizeof(T);
+        if (bytes < kHuge) return std::allocator<T>::allocate(n);
+        void* p = std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
+        if (!p) throw std::bad_alloc();
+        ::madvise(p, bytes, MADV_HUGEPAGE);
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, size_t n) {
+        if (n * sizeof(T) < kHuge) return std::allocator<T>::deallocate(p, n);
+        std::free(p);
+    }
+    static constexpr size_t kHuge = 2u << 20;
+    template <class U, class... A>
+    void construct(U* p, A&&... a) {
+        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    }
+};
+using ChunkBytes = std::vector<uint8_t, UninitAllocator<uint8_t>>;
+
+}  // namespace gilscan
