@@ -67,9 +67,7 @@ void Session::run(EventSink& sink) {
                 __builtin_prefetch(batch[i + 8].rec + 64);
             }
             const Handed& h = batch[i];
-            r.type = load<uint32_t>(h.rec, header_.swap);
-            r.misc = load<uint16_t>(h.rec + 4, header_.swap);
-            r.size = load<uint16_t>(h.rec + 6, header_.swap);
+            read_header(h.rec, header_.swap, r);
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
             r.offset = h.offset;
             r.compressed = h.compressed;

@@ -118,9 +118,7 @@ bool RecordStream::next_from_file(RawRecord& r) {
         return false;
     }
     const uint8_t* p = chunks_.data(fchunk_) + (at - cbase_);
-    r.type = load<uint32_t>(p, swap_);
-    r.misc = load<uint16_t>(p + 4, swap_);
-    r.size = load<uint16_t>(p + 6, swap_);
+    read_header(p, swap_, r);
     r.offset = at;
     r.compressed = false;
     r.extra = {};
@@ -230,9 +228,7 @@ bool RecordStream::next_from_decompressed(RawRecord& r) {
     size_t left = b.size() - dpos_;
     if (left < PERF_EVENT_HEADER_SIZE) return false;  // the tail waits for the next chunk
     const uint8_t* p = b.data() + dpos_;
-    r.type = load<uint32_t>(p, swap_);
-    r.misc = load<uint16_t>(p + 4, swap_);
-    r.size = load<uint16_t>(p + 6, swap_);
+    read_header(p, swap_, r);
     r.offset = chunks_.base(dchunk_);
     r.compressed = true;
     r.extra = {};

@@ -110,7 +110,8 @@ private:
         }
         const unsigned bits = hi > lo ? 64 - static_cast<unsigned>(__builtin_clzll(hi - lo)) : 1;
         const unsigned radix_passes = (bits + kDigitBits - 1) / kDigitBits;
-        const unsigned merge_passes = 64 - static_cast<unsigned>(__builtin_clzll(runs_.size()));  // ceil(log2(runs + 1))
+        // runs_ holds the starts of all runs but the first: ceil(log2(runs)) passes.
+        const unsigned merge_passes = 64 - static_cast<unsigned>(__builtin_clzll(runs_.size()));
         if (radix_passes < merge_passes && pending_.size() >= 4096)
             radix_sort(lo, radix_passes);
         else
@@ -184,9 +185,7 @@ private:
     template <class Deliver>
     void emit(const Entry& e, RawRecord& r, Deliver& deliver) {
         const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
-        r.type = load<uint32_t>(rec, swap_);
-        r.misc = load<uint16_t>(rec + 4, swap_);
-        r.size = load<uint16_t>(rec + 6, swap_);
+        read_header(rec, swap_, r);
         r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
         r.compressed = chunks_.compressed(e.chunk);
         r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
