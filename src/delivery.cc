@@ -96,10 +96,13 @@ void Session::run(EventSink& sink) {
             if (!handoff.push(std::move(batch))) stopped = true;
             batch.clear();
             batch_bytes = 0;
-            if (handoff.take_done(back)) {  // recycle the consumer's batches and their chunks
+            // Release the chunks of every batch the stages have finished (not
+            // one per send: they would pile up beside the 64 in flight), and
+            // reuse one of those vectors.
+            while (handoff.take_done(back)) {
                 for (const Handed& h : back) chunks.release(h.chunk);
                 back.clear();
-                batch.swap(back);
+                if (batch.capacity() < back.capacity()) batch.swap(back);
             }
             batch.reserve(kBatch);
         };
