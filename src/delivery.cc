@@ -23,11 +23,11 @@ struct Handed {
     uint32_t chunk;
     bool compressed;
 };
-// A batch goes over at 4096 records or 1 MiB of record bytes, whichever
-// comes first, so at most 64 batches (64 MiB of chunks) are ever in flight,
+// A batch goes over at 4096 records or 256 KiB of record bytes, whichever
+// comes first, so at most 64 batches (16 MiB of chunks) are ever in flight,
 // also when every record is an 8 KiB DWARF stack sample.
 constexpr size_t kBatch = 4096;
-constexpr size_t kBatchBytes = 1u << 20;
+constexpr size_t kBatchBytes = 256u << 10;
 constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
 
 }  // namespace
