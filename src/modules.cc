@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
 namespace gilscan {
 
@@ -148,19 +149,31 @@ const Module* ModuleCache::get(const Mapping& m) {
     if (m.path.empty() || m.path[0] != '/' || m.path.rfind("//", 0) == 0 || m.path.rfind("/memfd:", 0) == 0 ||
         m.path.rfind("/SYSV", 0) == 0 || m.path.rfind("/dev/", 0) == 0)
         return nullptr;
-    std::string want = m.build_id;
+    std::string_view want = m.build_id;
     if (want.empty()) {
         auto it = opt_.build_ids.find(m.path);
         if (it != opt_.build_ids.end()) want = it->second;
     }
-    std::string key = want.empty() ? "path:" + m.path : "id:" + want;
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) {
-        auto mod = load(m, want);
+    auto& table = want.empty() ? by_path_ : by_id_;
+    const std::string_view key = want.empty() ? std::string_view(m.path) : want;
+    {
+        std::shared_lock<std::shared_mutex> l(mu_);
+        auto it = table.find(key);
+        if (it != table.end()) return it->second->elf ? it->second.get() : nullptr;
+    }
+    std::unique_lock<std::shared_mutex> l(mu_);
+    auto it = table.find(key);  // another thread may have loaded it meanwhile
+    if (it == table.end()) {
+        auto mod = load(m, std::string(want));
         if (!mod->problem.empty()) problems_.push_back(m.path + ": " + mod->problem);
-        it = by_key_.emplace(key, std::move(mod)).first;
+        it = table.emplace(std::string(key), std::move(mod)).first;
     }
     return it->second->elf ? it->second.get() : nullptr;
+}
+
+std::vector<std::string> ModuleCache::problems() const {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    return problems_;
 }
 
 }  // namespace gilscan

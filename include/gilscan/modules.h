@@ -18,6 +18,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -54,17 +56,23 @@ struct ModuleOptions {
     std::string home_debug = "";                         // perf's cache (default ~/.debug)
 };
 
+// Thread-safe: the -j workers share one cache, so each binary is opened,
+// parsed and searched for the GIL functions once. Modules never change
+// after loading; a hit takes a shared lock and allocates nothing (it runs
+// for every unwound frame).
 class ModuleCache {
 public:
     explicit ModuleCache(ModuleOptions opt);
     // The module for a mapping, or nullptr (problem recorded once per path).
     const Module* get(const Mapping& m);
-    const std::vector<std::string>& problems() const { return problems_; }
+    std::vector<std::string> problems() const;
 
 private:
     std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
     ModuleOptions opt_;
-    std::map<std::string, std::unique_ptr<Module>> by_key_;  // build-id, else path
+    mutable std::shared_mutex mu_;
+    std::map<std::string, std::unique_ptr<Module>, std::less<>> by_id_;    // by build-id
+    std::map<std::string, std::unique_ptr<Module>, std::less<>> by_path_;  // by path, when no build-id is known
     std::vector<std::string> problems_;
 };
 
