@@ -1,6 +1,7 @@
 #include "gilscan/gil_stacks.h"
 
 #include <atomic>
+#include <cstring>
 
 #include <cstdio>
 #include <algorithm>
@@ -14,7 +15,11 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+#include <fcntl.h>
 #include <sys/utsname.h>
+#include <unistd.h>
+#include <cerrno>
 
 #include "gilscan/perf_abi.h"
 #include "gilscan/trace_writer.h"
@@ -24,43 +29,130 @@ namespace gilscan {
 KernelSymbols::KernelSymbols(const std::string& recorded_release) {
     struct utsname u {};
     if (recorded_release.empty() || ::uname(&u) != 0 || recorded_release != u.release) return;
-    std::ifstream f("/proc/kallsyms");
-    std::string line;
-    while (std::getline(f, line)) {
-        // "ffffffff81000000 T _stext" (optionally "\t[module]")
-        size_t a = line.find(' ');
-        if (a == std::string::npos || a + 3 > line.size()) continue;
-        char type = line[a + 1];
-        if (type != 't' && type != 'T' && type != 'w' && type != 'W') continue;
-        uint64_t addr = std::strtoull(line.c_str(), nullptr, 16);
-        if (addr == 0) continue;  // kptr_restrict hides them
-        std::string name = line.substr(a + 3);
-        size_t tab = name.find('\t');
-        if (tab != std::string::npos) name.resize(tab);
-        syms_.emplace_back(addr, std::move(name));
+    // About 120k lines: read in large blocks and parse in place, with the
+    // names in one arena (a string per symbol was most of the load time).
+    int fd = ::open("/proc/kallsyms", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    std::string text;
+    for (;;) {
+        const size_t have = text.size();
+        text.resize(have + (1u << 20));
+        ssize_t n = ::read(fd, text.data() + have, 1u << 20);
+        if (n <= 0) {
+            text.resize(have);
+            if (n < 0 && errno == EINTR) continue;
+            break;
+        }
+        text.resize(have + static_cast<size_t>(n));
     }
-    std::sort(syms_.begin(), syms_.end());
+    ::close(fd);
+    const char* p = text.data();
+    const char* end = p + text.size();
+    while (p < end) {
+        const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+        if (!eol) eol = end;
+        // "ffffffff81000000 T _stext" (optionally "\t[module]")
+        const char* sp = static_cast<const char*>(std::memchr(p, ' ', static_cast<size_t>(eol - p)));
+        if (sp && eol - sp > 3) {
+            const char type = sp[1];
+            uint64_t addr = 0;
+            for (const char* h = p; h < sp; ++h) {
+                const char c = *h;
+                addr = addr << 4 | static_cast<uint64_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+            }
+            // addr 0: kptr_restrict hides them
+            if (addr != 0 && (type == 't' || type == 'T' || type == 'w' || type == 'W')) {
+                const char* name = sp + 3;
+                const char* name_end = static_cast<const char*>(std::memchr(name, '\t', static_cast<size_t>(eol - name)));
+                if (!name_end) name_end = eol;
+                syms_.push_back({addr, static_cast<uint32_t>(names_.size()), static_cast<uint32_t>(name_end - name)});
+                names_.append(name, name_end);
+            }
+        }
+        p = eol + 1;
+    }
+    // Of symbols at one address, name() reports the greatest name: an order
+    // that does not depend on how the kernel lists them.
+    const std::string_view all = names_;
+    std::sort(syms_.begin(), syms_.end(), [all](const Sym& a, const Sym& b) {
+        if (a.addr != b.addr) return a.addr < b.addr;
+        return all.substr(a.name, a.len) < all.substr(b.name, b.len);
+    });
 }
 
 std::string KernelSymbols::name(uint64_t addr) const {
     char buf[64];
-    auto it = std::upper_bound(syms_.begin(), syms_.end(), std::make_pair(addr, std::string("\xff")));
-    if (it == syms_.begin() || syms_.empty()) {
+    // The last symbol at or below addr.
+    auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
+    if (it == syms_.begin()) {
         std::snprintf(buf, sizeof buf, "0x%llx ([kernel])", static_cast<unsigned long long>(addr));
         return buf;
     }
     --it;
-    std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->first));
-    return it->second + buf;
+    std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->addr));
+    return names_.substr(it->name, it->len) + buf;
+}
+
+GilStackClassifier::NameCache::NameCache(const std::string& kernel_release, bool kernel_names) {
+    if (!kernel_names) return;
+    ksyms = std::async(std::launch::async, [kernel_release] {
+                return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(kernel_release));
+            }).share();
 }
 
 GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames,
-                                       std::string kernel_release)
+                                       std::string kernel_release, std::shared_ptr<NameCache> names)
     : maps_(maps),
       modules_(modules),
       unwinder_(modules),
       stack_frames_(stack_frames),
-      kernel_release_(std::move(kernel_release)) {}
+      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0)) {}
+
+namespace {
+std::string names_json(const std::vector<std::string>& names) {
+    std::string j;
+    for (const auto& n : names) {
+        if (!j.empty()) j += ',';
+        append_json_string(j, n);
+    }
+    return j;
+}
+}  // namespace
+
+const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
+    auto it = local_kernel_.find(ip);
+    if (it != local_kernel_.end()) return it->second;
+    std::string j;
+    {
+        std::lock_guard<std::mutex> l(names_->mu);
+        auto sh = names_->kernel.find(ip);
+        if (sh == names_->kernel.end()) {
+            // Waits for the background read of /proc/kallsyms the first time.
+            sh = names_->kernel.emplace(ip, names_json({names_->ksyms.get()->name(ip)})).first;
+        }
+        j = sh->second;
+    }
+    return local_kernel_.emplace(ip, std::move(j)).first->second;
+}
+
+const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
+    auto& local = local_names_[layout];
+    auto it = local.find(f.pc);
+    if (it != local.end()) return it->second;
+    std::string j;
+    {
+        std::lock_guard<std::mutex> l(names_->mu);
+        auto& shared = names_->names[layout];
+        auto sh = shared.find(f.pc);
+        if (sh == shared.end()) {
+            Frame g = f;
+            if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
+            sh = shared.emplace(f.pc, names_json(describe_frame(g))).first;
+        }
+        j = sh->second;
+    }
+    return local.emplace(f.pc, std::move(j)).first->second;
+}
 
 bool GilStackClassifier::maps_python(const AddressSpace& as) {
     auto& cached = python_spaces_[as.id];
@@ -88,17 +180,29 @@ SleepLabel GilStackClassifier::classify(const Sample& s, const EventInfo&, const
 
 SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample& s) {
     SleepLabel label;
+    classify_into(as, s, label);
+    return label;
+}
+
+void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label) {
+    // Assigned field by field: a worker's recycled label keeps its strings'
+    // capacity, so a warm worker allocates nothing per sleep here.
+    label.name.clear();
+    label.evidence.clear();
+    label.stack_json.clear();
+    label.gil = false;
+    label.ticket = -1;
     ++stats_.sleeps_seen;
     if (s.regs_user_abi == 0 || s.stack_user.empty()) {
         ++stats_.no_stack;
-        return label;
+        return;
     }
     if (!as || !maps_python(*as)) {
         ++stats_.not_python;
-        return label;
+        return;
     }
     bool decided = false;
-    std::string stack;
+    std::string& stack = label.stack_json;
     // Frames are cached as JSON fragments, escaped once ("a","b" for a pc
     // with an inlined call): a stack is then a few appends, not a character
     // loop per frame per sleep.
@@ -107,18 +211,8 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
         stack += stack.empty() ? "[" : ",";
         stack += fragment;
     };
-    auto to_json = [](const std::vector<std::string>& names) {
-        std::string j;
-        for (const auto& n : names) {
-            if (!j.empty()) j += ',';
-            append_json_string(j, n);
-        }
-        return j;
-    };
     if (stack_frames_) {
         // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
-        std::call_once(names_->ksyms_once, [&] { names_->ksyms = std::make_unique<KernelSymbols>(kernel_release_); });
-        const KernelSymbols& ksyms = *names_->ksyms;
         bool kernel = false;
         for (size_t i = 0; i < s.callchain.size(); ++i) {
             uint64_t ip = s.callchain[i];
@@ -127,44 +221,14 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
                 if (ip == PERF_CONTEXT_USER) break;
                 continue;
             }
-            if (!kernel) continue;
-            {
-                std::shared_lock<std::shared_mutex> l(names_->mu);
-                auto it = names_->kernel.find(ip);
-                if (it != names_->kernel.end()) {
-                    add_json(it->second);
-                    continue;
-                }
-            }
-            std::string j = to_json({ksyms.name(ip)});
-            add_json(j);
-            std::unique_lock<std::shared_mutex> l(names_->mu);
-            names_->kernel.emplace(ip, std::move(j));
+            if (kernel) add_json(kernel_frame_json(ip));
         }
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
-        if (stack_frames_ && f.mapping) {  // an unmapped pc is where unwinding ran off the copied stack
-            bool found = false;
-            {
-                std::shared_lock<std::shared_mutex> l(names_->mu);
-                auto sp = names_->names.find(layout);
-                if (sp != names_->names.end()) {
-                    auto it = sp->second.find(f.pc);
-                    if (it != sp->second.end()) {
-                        add_json(it->second);
-                        found = true;
-                    }
-                }
-            }
-            if (!found) {
-                std::string j = to_json(describe_frame(f));
-                add_json(j);
-                std::unique_lock<std::shared_mutex> l(names_->mu);
-                names_->names[layout].emplace(f.pc, std::move(j));
-            }
-        }
+        // An unmapped pc is where unwinding ran off the copied stack.
+        if (stack_frames_ && f.mapping) add_json(user_frame_json(*as, layout, f));
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
         char where[256];
@@ -172,17 +236,20 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
         if (const AddrRange* r = f.module->in_take(f.vaddr)) {
             std::snprintf(where, sizeof where, "%s+0x%llx in %s (frame %u)", r->name.c_str(),
                           static_cast<unsigned long long>(f.vaddr - r->begin), file, f.depth);
-            label = {"S(GIL)", where, true, {}};
+            label.name = "S(GIL)";
+            label.evidence = where;
+            label.gil = true;
             ++stats_.gil;
         } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
             std::snprintf(where, sizeof where, "%s+0x%llx in %s (frame %u)", d->name.c_str(),
                           static_cast<unsigned long long>(f.vaddr - d->begin), file, f.depth);
-            label = {"S(GIL handoff)", where, false, {}};
+            label.name = "S(GIL handoff)";
+            label.evidence = where;
             ++stats_.handoff;
         }
         return stack_frames_ ? FrameAction::Continue : FrameAction::Stop;  // with stacks: the whole stack
     }, max_frames);
-    if (!stack.empty()) label.stack_json = stack + "]";
+    if (!stack.empty()) stack += ']';
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on
     switch (st) {
     case UnwindStatus::Stopped: ++stats_.decided; break;
@@ -190,7 +257,6 @@ SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample&
     case UnwindStatus::StoppedEarly: ++stats_.stopped_early; break;
     case UnwindStatus::Failed: ++stats_.failed; break;
     }
-    return label;
 }
 
 }  // namespace gilscan
@@ -202,16 +268,19 @@ struct ParallelStackClassifier::Job {
     std::shared_ptr<const AddressSpace> space;
     Sample sample;               // spans point into `bytes`
     std::vector<uint8_t> bytes;  // callchain, regs and stack copies
+    SleepLabel label;            // the worker's answer
 };
 
 struct ParallelStackClassifier::Worker {
-    std::unique_ptr<ModuleCache> modules;
     std::unique_ptr<GilStackClassifier> gsc;
     std::thread thread;
 };
 
 namespace {
 constexpr size_t kJobBatch = 32;
+// Jobs handed over and not yet back. When the workers fall behind, the
+// decoding thread waits for them instead of copying ever more stacks.
+constexpr size_t kMaxQueuedBatches = 16;
 }
 
 struct ParallelStackClassifier::Shared {
@@ -219,19 +288,18 @@ struct ParallelStackClassifier::Shared {
     std::condition_variable ready, result;
     std::deque<std::vector<std::unique_ptr<Job>>> queue;
     bool done = false;
-    std::vector<std::pair<int64_t, SleepLabel>> labels;  // finished, not yet taken by resolve()
+    std::vector<std::unique_ptr<Job>> finished;  // labelled, not yet taken by resolve()
     std::atomic<uint64_t> posted{0};  // batches of labels posted: resolve() locks only when it moved
 };
 
 ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
                                                  std::string kernel_release)
-    : sh_(std::make_unique<Shared>()) {
-    auto names = std::make_shared<GilStackClassifier::NameCache>();
+    : modules_(std::make_unique<ModuleCache>(mopt)), sh_(std::make_unique<Shared>()) {
+    auto names = std::make_shared<GilStackClassifier::NameCache>(kernel_release, stack_frames > 0);
+    if (stack_frames) names->symbolizer = std::make_unique<DwarfUnwinder>(*modules_);
     for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
         auto w = std::make_unique<Worker>();
-        w->modules = std::make_unique<ModuleCache>(mopt);
-        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *w->modules, stack_frames, kernel_release);
-        w->gsc->share_names(names);
+        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
         workers_.push_back(std::move(w));
     }
     for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
@@ -240,7 +308,7 @@ ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOpti
 ParallelStackClassifier::~ParallelStackClassifier() { finish(); }
 
 void ParallelStackClassifier::work(Worker& w) {
-    std::vector<std::pair<int64_t, SleepLabel>> out;
+    pthread_setname_np(pthread_self(), "gilscan-unwind");
     for (;;) {
         std::vector<std::unique_ptr<Job>> jobs;
         {
@@ -250,44 +318,52 @@ void ParallelStackClassifier::work(Worker& w) {
             jobs = std::move(sh_->queue.front());
             sh_->queue.pop_front();
         }
-        for (auto& job : jobs) out.emplace_back(job->ticket, w.gsc->classify_in(job->space.get(), job->sample));
+        for (auto& job : jobs) w.gsc->classify_into(job->space.get(), job->sample, job->label);
         {
             std::lock_guard<std::mutex> l(sh_->mu);
-            for (auto& o : out) sh_->labels.push_back(std::move(o));
+            for (auto& job : jobs) sh_->finished.push_back(std::move(job));
             sh_->posted.fetch_add(1, std::memory_order_release);
         }
-        out.clear();
         sh_->result.notify_all();
     }
 }
 
 void ParallelStackClassifier::hand_staged() {
     if (staged_.empty()) return;
+    std::vector<std::unique_ptr<Job>> batch;
+    batch.reserve(kJobBatch);
+    batch.swap(staged_);
     {
-        std::lock_guard<std::mutex> l(sh_->mu);
-        sh_->queue.push_back(std::move(staged_));
+        std::unique_lock<std::mutex> l(sh_->mu);
+        sh_->result.wait(l, [&] { return sh_->queue.size() < kMaxQueuedBatches; });
+        sh_->queue.push_back(std::move(batch));
     }
-    staged_.clear();
     sh_->ready.notify_one();
 }
 
 int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
-    auto job = std::make_unique<Job>();
+    std::unique_ptr<Job> job;
+    if (spare_.empty()) {
+        job = std::make_unique<Job>();
+    } else {
+        job = std::move(spare_.back());
+        spare_.pop_back();
+    }
     job->ticket = next_ticket_++;
     job->space = std::move(space);
     job->sample = s;
     // The record's chunk is reused once it is delivered: copy what the
-    // worker reads (a few KiB, against tens of microseconds of unwinding).
-    job->bytes.reserve(s.callchain.bytes.size() + s.regs_user.bytes.size() + s.stack_user.size());
-    job->bytes.insert(job->bytes.end(), s.callchain.bytes.begin(), s.callchain.bytes.end());
-    job->bytes.insert(job->bytes.end(), s.regs_user.bytes.begin(), s.regs_user.bytes.end());
-    job->bytes.insert(job->bytes.end(), s.stack_user.begin(), s.stack_user.end());
-    const uint8_t* p = job->bytes.data();
-    job->sample.callchain = U64Array{Bytes(p, s.callchain.bytes.size()), s.callchain.swap};
-    p += s.callchain.bytes.size();
-    job->sample.regs_user = U64Array{Bytes(p, s.regs_user.bytes.size()), s.regs_user.swap};
-    p += s.regs_user.bytes.size();
-    job->sample.stack_user = Bytes(p, s.stack_user.size());
+    // worker reads (a few KiB, against microseconds of unwinding) into the
+    // job's own buffer, which keeps its capacity from one sleep to the next.
+    const size_t nc = s.callchain.bytes.size(), nr = s.regs_user.bytes.size(), ns = s.stack_user.size();
+    job->bytes.resize(nc + nr + ns);
+    uint8_t* p = job->bytes.data();
+    if (nc) std::memcpy(p, s.callchain.bytes.data(), nc);
+    if (nr) std::memcpy(p + nc, s.regs_user.bytes.data(), nr);
+    if (ns) std::memcpy(p + nc + nr, s.stack_user.data(), ns);
+    job->sample.callchain = U64Array{Bytes(p, nc), s.callchain.swap};
+    job->sample.regs_user = U64Array{Bytes(p + nc, nr), s.regs_user.swap};
+    job->sample.stack_user = Bytes(p + nc + nr, ns);
     job->sample.raw = {};
     job->sample.aux = {};
     job->sample.regs_intr = {};
@@ -311,12 +387,20 @@ std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool 
     {
         std::unique_lock<std::mutex> l(sh_->mu);
         if (wait) sh_->result.wait(l, [&] {
-            for (const auto& [t, label] : sh_->labels)
-                if (t == ticket) return true;
+            for (const auto& job : sh_->finished)
+                if (job->ticket == ticket) return true;
             return false;
         });
-        for (auto& [t, label] : sh_->labels) ready_.emplace(t, std::move(label));
-        sh_->labels.clear();
+        // A label waits here until its span is emitted, which can be long
+        // after the wake-up; the job (and its stack copy) is reused at once.
+        // The label is copied, not moved: its strings stay with the job for
+        // the worker to refill.
+        for (auto& job : sh_->finished) {
+            ready_.emplace(job->ticket, job->label);
+            job->space.reset();  // the snapshot is freed on this thread
+            spare_.push_back(std::move(job));
+        }
+        sh_->finished.clear();
         seen_posted_ = sh_->posted.load(std::memory_order_relaxed);
     }
     return take();
@@ -351,10 +435,7 @@ StackStats ParallelStackClassifier::stats() const {
 }
 
 std::vector<std::string> ParallelStackClassifier::problems() const {
-    std::vector<std::string> out;
-    for (const auto& w : workers_)
-        for (const auto& p : w->modules->problems())
-            if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    std::vector<std::string> out = modules_->problems();
     std::sort(out.begin(), out.end());
     return out;
 }

@@ -188,6 +188,11 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
     return sp.get();
 }
 
+void* DwarfUnwinder::dwfl_for(const AddressSpace& as) {
+    Space* sp = space_for(as);
+    return sp ? sp->dwfl : nullptr;
+}
+
 UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
                                    const std::function<FrameAction(const Frame&)>& cb, unsigned max_frames) {
     if (s.regs_user_abi == 0 || s.regs_user.size() == 0 || s.stack_user.empty() || s.tid <= 0)

@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
+#include <thread>
+
+#include <sys/utsname.h>
 
 #include <nlohmann/json.hpp>
 
@@ -77,4 +81,61 @@ TEST_CASE("a missing binary is reported once and leaves the sleep plain S") {
     CHECK(modules.get(m) == nullptr);
     REQUIRE(modules.problems().size() == 1);
     CHECK(modules.problems()[0].find("changed since the recording") != std::string::npos);
+}
+
+TEST_CASE("kernel symbols from /proc/kallsyms: the nearest text symbol below, greatest name on a tie") {
+    struct utsname u {};
+    REQUIRE(::uname(&u) == 0);
+    CHECK(KernelSymbols("0.0.0-not-this-kernel").name(0xffffffff81000000ull) == "0xffffffff81000000 ([kernel])");
+    // A reference parse of the same file, line by line.
+    std::ifstream f("/proc/kallsyms");
+    std::map<uint64_t, std::string> ref;  // address -> greatest name there
+    std::string line;
+    while (std::getline(f, line)) {
+        std::istringstream ls(line);
+        std::string addr, type, name;
+        if (!(ls >> addr >> type >> name) || type.size() != 1 || std::string("tTwW").find(type[0]) == std::string::npos)
+            continue;
+        uint64_t a = std::stoull(addr, nullptr, 16);
+        if (a == 0) continue;
+        auto& n = ref[a];
+        if (name > n) n = name;
+    }
+    KernelSymbols ks(u.release);
+    if (ref.empty()) {  // kptr_restrict hides the addresses (not root): nothing to name
+        CHECK(ks.name(0x1234) == "0x1234 ([kernel])");
+        return;
+    }
+    size_t i = 0, checked = 0;
+    for (const auto& [addr, name] : ref) {
+        if (i++ % 97 != 0) continue;  // a spread of them
+        CHECK(ks.name(addr) == name + "+0x0 ([kernel])");
+        CHECK(ks.name(addr + 3).rfind(name + "+0x", 0) == 0);
+        ++checked;
+    }
+    CHECK(checked > 10);
+    CHECK(ks.name(ref.begin()->first - 1).find("([kernel])") != std::string::npos);
+}
+
+TEST_CASE("one module cache shared by threads loads each binary once") {
+    ModuleCache modules(ModuleOptions{});
+    Mapping libc, missing;
+    libc.start = 0x7f0000000000;
+    libc.end = libc.start + 0x1000;
+    libc.path = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+    missing = libc;
+    missing.path = "/nonexistent/libmissing.so";
+    std::vector<const Module*> seen(8);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < seen.size(); ++t)
+        threads.emplace_back([&, t] {
+            for (int i = 0; i < 200; ++i) {
+                seen[t] = modules.get(libc);
+                CHECK_FALSE(modules.get(missing));
+            }
+        });
+    for (auto& th : threads) th.join();
+    REQUIRE(seen[0] != nullptr);
+    for (const Module* m : seen) CHECK(m == seen[0]);
+    CHECK(modules.problems().size() == 1);  // the missing one, named once
 }

@@ -17,9 +17,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <future>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 #include <unordered_map>
@@ -52,44 +52,61 @@ public:
     std::string name(uint64_t addr) const;
 
 private:
-    std::vector<std::pair<uint64_t, std::string>> syms_;
+    struct Sym {
+        uint64_t addr;
+        uint32_t name, len;  // in names_
+    };
+    std::vector<Sym> syms_;
+    std::string names_;
 };
 
 class GilStackClassifier {
 public:
-    // stack_frames > 0: also attach the symbolized stack (kernel frames from
-    // CALLCHAIN, then up to that many user frames) to every sleep's label.
-    GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
-                       std::string kernel_release = "");
-
-    // Symbolized frames by (address space, pc), shareable between the
+    // Symbolized frames by (address space layout, pc), shared between the
     // classifiers of -j workers: libdw's symbol and inline lookups are slow
-    // and the same frames recur in nearly every stack.
-    // The kernel's symbols are read once (from /proc/kallsyms) for all of them.
+    // and the same frames recur in nearly every stack. Each classifier keeps
+    // a private copy of what it used (no lock per frame); a miss takes the
+    // lock, and is symbolized once for all workers through one `symbolizer`
+    // Dwfl, so a module's DWARF is read and decompressed once, not per
+    // worker. The kernel's symbols are read from /proc/kallsyms on a
+    // background thread as soon as the cache is made (that read costs tens
+    // of milliseconds of kernel time).
     struct NameCache {
-        std::shared_mutex mu;
+        NameCache(const std::string& kernel_release, bool kernel_names);
+        std::mutex mu;  // the maps and the symbolizer
         // layout -> pc -> the frame's names as JSON strings ("a","b"), escaped once
         std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> names;
         std::unordered_map<uint64_t, std::string> kernel;  // kernel address -> its name as a JSON string
-        std::once_flag ksyms_once;
-        std::unique_ptr<KernelSymbols> ksyms;
+        std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms;
+        std::unique_ptr<DwarfUnwinder> symbolizer;  // nullptr: each classifier's own Dwfl (-j 1)
     };
-    void share_names(std::shared_ptr<NameCache> cache) { names_ = std::move(cache); }
+
+    // stack_frames > 0: also attach the symbolized stack (kernel frames from
+    // CALLCHAIN, then up to that many user frames) to every sleep's label.
+    // `names`: a cache shared with other classifiers (default: its own).
+    GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
+                       std::string kernel_release = "", std::shared_ptr<NameCache> names = nullptr);
+
     SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
     // The same, for a sleep switch-out, in a given address space (worker threads).
     SleepLabel classify_in(const AddressSpace* as, const Sample& s);
+    // The same into a label whose strings are reused (a worker's recycled job).
+    void classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label);
     const StackStats& stats() const { return stats_; }
 
 private:
     bool maps_python(const AddressSpace& as);
+    const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
+    const std::string& kernel_frame_json(uint64_t ip);
     const ProcessMaps* maps_;
     ModuleCache& modules_;
     DwarfUnwinder unwinder_;
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
     StackStats stats_;
     unsigned stack_frames_;
-    std::shared_ptr<NameCache> names_ = std::make_shared<NameCache>();
-    std::string kernel_release_;
+    std::shared_ptr<NameCache> names_;
+    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;
+    std::unordered_map<uint64_t, std::string> local_kernel_;
 };
 
 }  // namespace gilscan
@@ -101,8 +118,9 @@ namespace gilscan {
 // a snapshot of the address space and a copy of the registers and stack and
 // returns a ticket; the timeline resolves the ticket only when it emits the
 // sleep's span, after the wake-up, so unwinding overlaps decoding. Spans come
-// out in the same order with the same labels as -j 1 (each worker has its own
-// module cache and Dwfls).
+// out in the same order with the same labels as -j 1. The workers share one
+// module cache and one frame-name cache; each has its own Dwfls (libdw is
+// not thread-safe).
 class ParallelStackClassifier {
 public:
     ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release);
@@ -112,6 +130,7 @@ public:
     // thread wake-up per sleep would cost more than unwinding it.
     int64_t submit(std::shared_ptr<const AddressSpace> space, const Sample& s);
     std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
+    // The problems of the binaries the workers met (missing, changed).
     void finish();                       // stops the workers
     StackStats stats() const;
     std::vector<std::string> problems() const;
@@ -122,12 +141,17 @@ private:
     struct Shared;
     void work(Worker& w);
     void hand_staged();  // the staged jobs to the workers
+    std::unique_ptr<ModuleCache> modules_;  // shared by the workers
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
     int64_t next_ticket_ = 0;
-    // The decoding thread's side: jobs not yet handed over, labels taken over.
+    // The decoding thread's side: jobs not yet handed over, labels taken
+    // over, and finished jobs to reuse. Jobs are recycled, never freed by a
+    // worker: a free into another thread's malloc arena takes that arena's
+    // lock, and the two threads then contend on every sleep.
     std::vector<std::unique_ptr<Job>> staged_;
     std::unordered_map<int64_t, SleepLabel> ready_;
+    std::vector<std::unique_ptr<Job>> spare_;
     uint64_t seen_posted_ = 0;
 };
 

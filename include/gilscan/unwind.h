@@ -60,6 +60,9 @@ public:
     UnwindStatus unwind(const AddressSpace& as, const Sample& s, const std::function<FrameAction(const Frame&)>& cb,
                         unsigned max_frames = 64);
     size_t dwfl_count() const { return spaces_.size(); }
+    // The Dwfl (as void*) of this address space's layout, its modules
+    // reported: for describe_frame on frames unwound elsewhere.
+    void* dwfl_for(const AddressSpace& as);
 
     // Callback plumbing (libdw's C callbacks reach the current sample here).
     struct Current;
