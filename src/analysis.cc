@@ -36,7 +36,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     mopt.symfs = opt.symfs;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
-    GilStackClassifier stacks(&maps, modules, opt.sleep_stacks, session.features().os_release);
+    // (With -j N the workers classify; this one, unused, then reads no kernel symbols.)
+    GilStackClassifier stacks(&maps, modules, opt.jobs > 1 ? 0 : opt.sleep_stacks, session.features().os_release);
 
     // -j N: sleep stacks unwound on N workers while this thread decodes.
     std::unique_ptr<ParallelStackClassifier> parallel;

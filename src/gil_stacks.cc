@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <cerrno>
 
+#include "gilscan/byte_buffer.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/trace_writer.h"
 
@@ -29,25 +30,25 @@ namespace gilscan {
 KernelSymbols::KernelSymbols(const std::string& recorded_release) {
     struct utsname u {};
     if (recorded_release.empty() || ::uname(&u) != 0 || recorded_release != u.release) return;
-    // About 120k lines: read in large blocks and parse in place, with the
-    // names in one arena (a string per symbol was most of the load time).
+    // About 120k lines, 5 MB: read in large blocks and indexed in place (the
+    // text is the name arena). A string per symbol and a sort by name made
+    // this take 100+ ms; the kernel's own formatting takes about 30.
     int fd = ::open("/proc/kallsyms", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
-    std::string text;
+    text_.reserve(8u << 20);
     for (;;) {
-        const size_t have = text.size();
-        text.resize(have + (1u << 20));
-        ssize_t n = ::read(fd, text.data() + have, 1u << 20);
-        if (n <= 0) {
-            text.resize(have);
-            if (n < 0 && errno == EINTR) continue;
-            break;
-        }
-        text.resize(have + static_cast<size_t>(n));
+        const size_t have = text_.size();
+        text_.resize(have + (256u << 10));
+        ssize_t n = ::read(fd, text_.data() + have, 256u << 10);
+        text_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
     }
     ::close(fd);
-    const char* p = text.data();
-    const char* end = p + text.size();
+    syms_.reserve(text_.size() / 40);
+    const char* base = text_.data();
+    const char* p = base;
+    const char* end = p + text_.size();
     while (p < end) {
         const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
         if (!eol) eol = end;
@@ -65,32 +66,34 @@ KernelSymbols::KernelSymbols(const std::string& recorded_release) {
                 const char* name = sp + 3;
                 const char* name_end = static_cast<const char*>(std::memchr(name, '\t', static_cast<size_t>(eol - name)));
                 if (!name_end) name_end = eol;
-                syms_.push_back({addr, static_cast<uint32_t>(names_.size()), static_cast<uint32_t>(name_end - name)});
-                names_.append(name, name_end);
+                syms_.push_back({addr, static_cast<uint32_t>(name - base), static_cast<uint32_t>(name_end - name)});
             }
         }
         p = eol + 1;
     }
-    // Of symbols at one address, name() reports the greatest name: an order
-    // that does not depend on how the kernel lists them.
-    const std::string_view all = names_;
-    std::sort(syms_.begin(), syms_.end(), [all](const Sym& a, const Sym& b) {
-        if (a.addr != b.addr) return a.addr < b.addr;
-        return all.substr(a.name, a.len) < all.substr(b.name, b.len);
-    });
+    // The kernel's own symbols come in address order, modules' after them.
+    auto by_addr = [](const Sym& a, const Sym& b) { return a.addr < b.addr; };
+    if (!std::is_sorted(syms_.begin(), syms_.end(), by_addr)) std::stable_sort(syms_.begin(), syms_.end(), by_addr);
 }
 
 std::string KernelSymbols::name(uint64_t addr) const {
     char buf[64];
-    // The last symbol at or below addr.
+    // The last symbol at or below addr; of several at that address, the
+    // greatest name (an order that does not depend on how they are listed).
     auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
     if (it == syms_.begin()) {
         std::snprintf(buf, sizeof buf, "0x%llx ([kernel])", static_cast<unsigned long long>(addr));
         return buf;
     }
     --it;
+    const std::string_view text = text_;
+    std::string_view best = text.substr(it->name, it->len);
+    for (auto e = it; e != syms_.begin() && std::prev(e)->addr == it->addr;) {
+        --e;
+        best = std::max(best, text.substr(e->name, e->len));
+    }
     std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->addr));
-    return names_.substr(it->name, it->len) + buf;
+    return std::string(best) + buf;
 }
 
 GilStackClassifier::NameCache::NameCache(const std::string& kernel_release, bool kernel_names) {
@@ -267,7 +270,7 @@ struct ParallelStackClassifier::Job {
     int64_t ticket = 0;
     std::shared_ptr<const AddressSpace> space;
     Sample sample;               // spans point into `bytes`
-    std::vector<uint8_t> bytes;  // callchain, regs and stack copies
+    ChunkBytes bytes;            // callchain, regs and stack copies (resized without zero fill)
     SleepLabel label;            // the worker's answer
 };
 
@@ -277,10 +280,13 @@ struct ParallelStackClassifier::Worker {
 };
 
 namespace {
-constexpr size_t kJobBatch = 32;
+// A hand-over wakes a sleeping worker and a posted batch may wake the
+// decoding thread; on a VM a wake-up costs tens of microseconds, so jobs
+// travel in batches of 64 (a few hundred microseconds of unwinding).
+constexpr size_t kJobBatch = 64;
 // Jobs handed over and not yet back. When the workers fall behind, the
 // decoding thread waits for them instead of copying ever more stacks.
-constexpr size_t kMaxQueuedBatches = 16;
+constexpr size_t kMaxQueuedBatches = 8;
 }
 
 struct ParallelStackClassifier::Shared {
@@ -302,6 +308,7 @@ ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOpti
         w->gsc = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
         workers_.push_back(std::move(w));
     }
+    here_ = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
     for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
 }
 
@@ -334,11 +341,25 @@ void ParallelStackClassifier::hand_staged() {
     batch.reserve(kJobBatch);
     batch.swap(staged_);
     {
-        std::unique_lock<std::mutex> l(sh_->mu);
-        sh_->result.wait(l, [&] { return sh_->queue.size() < kMaxQueuedBatches; });
-        sh_->queue.push_back(std::move(batch));
+        std::lock_guard<std::mutex> l(sh_->mu);
+        if (sh_->queue.size() < kMaxQueuedBatches) {
+            sh_->queue.push_back(std::move(batch));
+            batch.clear();
+        }
     }
-    sh_->ready.notify_one();
+    if (batch.empty()) {
+        sh_->ready.notify_one();
+        return;
+    }
+    // The workers are behind: this thread unwinds the batch itself rather
+    // than wait (or copy ever more stacks). The labels are the same whoever
+    // computes them.
+    for (auto& job : batch) {
+        here_->classify_into(job->space.get(), job->sample, job->label);
+        ready_.emplace(job->ticket, job->label);
+        job->space.reset();
+        spare_.push_back(std::move(job));
+    }
 }
 
 int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
@@ -419,8 +440,10 @@ void ParallelStackClassifier::finish() {
 
 StackStats ParallelStackClassifier::stats() const {
     StackStats t;
-    for (const auto& w : workers_) {
-        const StackStats& s = w->gsc->stats();
+    std::vector<const GilStackClassifier*> all{here_.get()};
+    for (const auto& w : workers_) all.push_back(w->gsc.get());
+    for (const GilStackClassifier* c : all) {
+        const StackStats& s = c->stats();
         t.sleeps_seen += s.sleeps_seen;
         t.not_python += s.not_python;
         t.no_stack += s.no_stack;

@@ -32,6 +32,21 @@ struct DwarfUnwinder::Current {
     uint64_t sp = 0;
     Dwarf_Word regs[17] = {};
     bool have[17] = {};
+    // Modules of the mappings met in this unwind: consecutive frames are
+    // mostly in one or two binaries, and the shared cache takes a lock.
+    static constexpr int kMemo = 4;
+    const Mapping* memo_map[kMemo] = {};
+    const Module* memo_mod[kMemo] = {};
+    int memo_next = 0;
+    const Module* module(const Mapping& m) {
+        for (int i = 0; i < kMemo; ++i)
+            if (memo_map[i] == &m) return memo_mod[i];
+        const Module* mod = modules->get(m);
+        memo_map[memo_next] = &m;
+        memo_mod[memo_next] = mod;
+        memo_next = (memo_next + 1) % kMemo;
+        return mod;
+    }
 };
 
 struct DwarfUnwinder::Space {
@@ -71,7 +86,7 @@ bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_argp) {
 bool read_file_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* out) {
     const Mapping* m = cur->as->find(addr);
     if (!m) return false;
-    const Module* mod = cur->modules->get(*m);
+    const Module* mod = cur->module(*m);
     if (!mod) return false;
     Bytes file = mod->elf->bytes();
     uint64_t off = addr - m->start + m->pgoff;
@@ -132,7 +147,7 @@ int frame_cb(Dwfl_Frame* state, void* arg) {
     f.mapping = ctx->cur->as->find(f.pc);
     f.dwfl = dwfl_thread_dwfl(dwfl_frame_thread(state));
     if (f.mapping) {
-        f.module = ctx->cur->modules->get(*f.mapping);
+        f.module = ctx->cur->module(*f.mapping);
         if (f.module) {
             auto bias = f.module->bias_for(*f.mapping);
             if (bias) f.vaddr = f.pc - *bias;

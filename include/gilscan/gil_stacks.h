@@ -54,10 +54,10 @@ public:
 private:
     struct Sym {
         uint64_t addr;
-        uint32_t name, len;  // in names_
+        uint32_t name, len;  // in text_
     };
     std::vector<Sym> syms_;
-    std::string names_;
+    std::string text_;  // /proc/kallsyms as read
 };
 
 class GilStackClassifier {
@@ -142,6 +142,7 @@ private:
     void work(Worker& w);
     void hand_staged();  // the staged jobs to the workers
     std::unique_ptr<ModuleCache> modules_;  // shared by the workers
+    std::unique_ptr<GilStackClassifier> here_;  // this thread's, for batches the workers have no room for
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
     int64_t next_ticket_ = 0;
