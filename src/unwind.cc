@@ -1,10 +1,13 @@
 #include "gilscan/unwind.h"
 
+#include "gilscan/cfi_rules.h"
+
 #include <bit>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include <elfutils/libdwfl.h>
@@ -51,6 +54,7 @@ struct DwarfUnwinder::Current {
 
 struct DwarfUnwinder::Space {
     Dwfl* dwfl = nullptr;
+    CfiRuleCache rules;  // for unwind_fast; emptied when modules are added
     bool attached = false;
     uint64_t reported_version = ~uint64_t{0};
     std::set<std::string> reported;
@@ -133,27 +137,40 @@ struct FrameCtx {
     unsigned depth = 0;
     unsigned max;
     bool stopped = false;
+    unsigned skip = 0;  // frames the fast path delivered already
+    uint64_t* libdw_frames;
 };
 
-int frame_cb(Dwfl_Frame* state, void* arg) {
-    auto* ctx = static_cast<FrameCtx*>(arg);
-    Dwarf_Addr pc = 0;
-    bool activation = false;
-    if (!dwfl_frame_pc(state, &pc, &activation)) return DWARF_CB_ABORT;
+// pc: the frame's own address (a return address already moved back into the call).
+Frame make_frame(DwarfUnwinder::Current* cur, uint64_t pc, unsigned depth, void* dwfl) {
     Frame f;
-    // A return address points after the call: look up the call itself.
-    f.pc = activation ? pc : pc - 1;
-    f.depth = ctx->depth++;
-    f.mapping = ctx->cur->as->find(f.pc);
-    f.dwfl = dwfl_thread_dwfl(dwfl_frame_thread(state));
+    f.pc = pc;
+    f.depth = depth;
+    f.mapping = cur->as->find(f.pc);
+    f.dwfl = dwfl;
     if (f.mapping) {
-        f.module = ctx->cur->module(*f.mapping);
+        f.module = cur->module(*f.mapping);
         if (f.module) {
             auto bias = f.module->bias_for(*f.mapping);
             if (bias) f.vaddr = f.pc - *bias;
             else f.module = nullptr;
         }
     }
+    return f;
+}
+
+int frame_cb(Dwfl_Frame* state, void* arg) {
+    auto* ctx = static_cast<FrameCtx*>(arg);
+    if (ctx->depth < ctx->skip) {  // libdw walks again what the fast path already delivered
+        ++ctx->depth;
+        return DWARF_CB_OK;
+    }
+    Dwarf_Addr pc = 0;
+    bool activation = false;
+    if (!dwfl_frame_pc(state, &pc, &activation)) return DWARF_CB_ABORT;
+    // A return address points after the call: look up the call itself.
+    Frame f = make_frame(ctx->cur, activation ? pc : pc - 1, ctx->depth++, dwfl_thread_dwfl(dwfl_frame_thread(state)));
+    ++*ctx->libdw_frames;
     if ((*ctx->cb)(f) == FrameAction::Stop) {
         ctx->stopped = true;
         return DWARF_CB_ABORT;
@@ -192,6 +209,7 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
         }
         dwfl_report_end(sp->dwfl, nullptr, nullptr);
         sp->reported_version = as.version;
+        sp->rules.clear();  // a pc that had no module may have one now
     }
     if (!sp->attached) {
         if (sp->reported.empty()) return nullptr;
@@ -201,6 +219,69 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
         sp->attached = true;
     }
     return sp.get();
+}
+
+// Frames by cached CFI rules, exactly as libdw's handle_cfi would compute
+// them from the same rules (registers 0..16; CFA = register + offset; each
+// caller register undefined, same, at CFA + n or CFA + n). On the first frame
+// whose rule is not of that kind, or whose return address cannot be read,
+// it stops and says how many frames it delivered: libdw then walks the
+// stack again from the start, skipping those, with its whole machinery.
+std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
+                                                        unsigned max_frames, unsigned& delivered) {
+    Current& cur = sp.cur;
+    uint64_t regs[CfiRule::kRegs];
+    bool have[CfiRule::kRegs];
+    for (int r = 0; r < CfiRule::kRegs; ++r) {
+        regs[r] = cur.regs[r];
+        have[r] = cur.have[r];
+    }
+    delivered = 0;
+    for (bool initial = true;; initial = false) {
+        // The initial frame's pc is exact; a caller's is a return address.
+        const uint64_t pc = initial ? regs[16] : regs[16] - 1;
+        const CfiRule& rule = sp.rules.at(sp.dwfl, pc);
+        if (rule.kind != CfiRule::Simple) return std::nullopt;
+        ++fast_frames_;
+        if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;
+        if (++delivered >= max_frames) return UnwindStatus::Complete;
+        if (!have[rule.cfa_reg]) return std::nullopt;
+        const uint64_t cfa = regs[rule.cfa_reg] + static_cast<uint64_t>(rule.cfa_offset);
+        uint64_t next[CfiRule::kRegs];
+        bool next_have[CfiRule::kRegs];
+        for (int r = 0; r < CfiRule::kRegs; ++r) {
+            next_have[r] = false;
+            const uint64_t at = cfa + static_cast<uint64_t>(rule.reg_offset[r]);
+            switch (rule.reg_kind[r]) {
+            case CfiRule::Unset:
+            case CfiRule::Undefined: break;
+            case CfiRule::Same:
+                next[r] = regs[r];
+                next_have[r] = have[r];
+                break;
+            case CfiRule::AtCfa: {
+                Dwarf_Word w = 0;
+                if (memory_read(sp.dwfl, at, &w, &cur)) {
+                    next[r] = w;
+                    next_have[r] = true;
+                }
+                break;
+            }
+            case CfiRule::ValCfa:
+                next[r] = at;
+                next_have[r] = true;
+                break;
+            }
+        }
+        // The outermost frame: the return address is undefined, or zero.
+        if (rule.reg_kind[rule.ra_reg] == CfiRule::Undefined) return UnwindStatus::Complete;
+        if (!next_have[rule.ra_reg]) return std::nullopt;  // an error libdw reports its own way
+        if (next[rule.ra_reg] == 0) return UnwindStatus::Complete;
+        for (int r = 0; r < CfiRule::kRegs; ++r) {
+            regs[r] = next[r];
+            have[r] = next_have[r];
+        }
+    }
 }
 
 void* DwarfUnwinder::dwfl_for(const AddressSpace& as) {
@@ -233,7 +314,15 @@ UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
     }
     if (!cur.have[16] || !cur.have[7]) return UnwindStatus::Failed;
     (void)PERF_REG_X86_IP;
-    FrameCtx ctx{&cur, &cb, 0, max_frames};
+    FrameCtx ctx{&cur, &cb, 0, max_frames, false, 0, &libdw_frames_};
+    if (fast_) {
+        std::optional<UnwindStatus> done = unwind_fast(*sp, cb, max_frames, ctx.skip);
+        if (done) {
+            cur.sample = nullptr;
+            return *done;
+        }
+        ++fallbacks_;
+    }
     int rc = dwfl_getthread_frames(sp->dwfl, s.tid, frame_cb, &ctx);
     cur.sample = nullptr;
     if (ctx.stopped) return UnwindStatus::Stopped;

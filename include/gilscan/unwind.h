@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <unordered_map>
@@ -64,12 +65,24 @@ public:
     // reported: for describe_frame on frames unwound elsewhere.
     void* dwfl_for(const AddressSpace& as);
 
+    // Frames from cached CFI rules first (on by default), libdw for the
+    // stacks they cannot describe. Off: libdw alone (tests compare the two).
+    void set_fast(bool on) { fast_ = on; }
+    // Stacks the fast path handed to libdw; frames each of them delivered.
+    uint64_t fallbacks() const { return fallbacks_; }
+    uint64_t fast_frames() const { return fast_frames_; }
+    uint64_t libdw_frames() const { return libdw_frames_; }
+
     // Callback plumbing (libdw's C callbacks reach the current sample here).
     struct Current;
 
 private:
     struct Space;
     Space* space_for(const AddressSpace& as);
+    std::optional<UnwindStatus> unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
+                                            unsigned max_frames, unsigned& delivered);
+    bool fast_ = true;
+    uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0;
     ModuleCache& modules_;
     std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
 };
