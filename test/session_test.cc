@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+
 #include <algorithm>
 #include <cstring>
 #include <cstdlib>
@@ -428,6 +431,31 @@ TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the p
     CHECK(g.pop(one));
     g.abort();
     p2.join();
+}
+
+TEST_CASE("Handoff: a byte budget holds the producer back, and a batch larger than it still goes") {
+    Handoff<int> h(64, 100);
+    std::atomic<int> pushed{0};
+    std::thread producer([&] {
+        REQUIRE(h.push(std::vector<int>{0}, 60));
+        ++pushed;
+        REQUIRE(h.push(std::vector<int>{1}, 60));  // 120 > 100: waits for the first to be taken
+        ++pushed;
+        REQUIRE(h.push(std::vector<int>{2}, 500));  // over the budget alone: goes once the queue is empty
+        ++pushed;
+        h.close();
+    });
+    for (int i = 0; i < 200 && pushed.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(pushed.load() == 1);  // the second batch is held back
+    std::vector<int> b;
+    std::vector<int> got;
+    while (h.pop(b)) {
+        got.insert(got.end(), b.begin(), b.end());
+        h.done(std::move(b));
+    }
+    producer.join();
+    CHECK(got == std::vector<int>{0, 1, 2});
 }
 
 TEST_CASE("a stage that throws stops the run, with or without the reader thread, and nothing hangs") {

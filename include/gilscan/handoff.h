@@ -24,13 +24,20 @@ namespace gilscan {
 template <class T>
 class Handoff {
 public:
-    explicit Handoff(size_t max_batches) : max_(max_batches) {}
+    // At most max_batches queued and, when max_bytes > 0, at most that many
+    // bytes (a batch always fits into an empty queue).
+    explicit Handoff(size_t max_batches, size_t max_bytes = 0) : max_(max_batches), max_bytes_(max_bytes) {}
 
-    bool push(std::vector<T>&& batch) {
+    bool push(std::vector<T>&& batch, size_t bytes = 0) {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return aborted_ || full_.size() < max_; });
+        cv_.wait(l, [&] {
+            return aborted_ || (full_.size() < max_ &&
+                                (max_bytes_ == 0 || full_.empty() || queued_bytes_ + bytes <= max_bytes_));
+        });
         if (aborted_) return false;
         full_.push_back(std::move(batch));
+        sizes_.push_back(bytes);
+        queued_bytes_ += bytes;
         ++pushed_;
         cv_.notify_all();
         return true;
@@ -41,6 +48,8 @@ public:
         if (aborted_ || full_.empty()) return false;
         out = std::move(full_.front());
         full_.pop_front();
+        queued_bytes_ -= sizes_.front();
+        sizes_.pop_front();
         cv_.notify_all();
         return true;
     }
@@ -78,8 +87,10 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::vector<T>> full_;
+    std::deque<size_t> sizes_;  // bytes of each queued batch
     std::vector<std::vector<T>> done_;
-    size_t max_;
+    size_t max_, max_bytes_;
+    size_t queued_bytes_ = 0;
     uint64_t pushed_ = 0, finished_ = 0;
     bool closed_ = false, aborted_ = false;
 };
