@@ -36,12 +36,16 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     mopt.symfs = opt.symfs;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
-    // (With -j N the workers classify; this one, unused, then reads no kernel symbols.)
-    GilStackClassifier stacks(&maps, modules, opt.jobs > 1 ? 0 : opt.sleep_stacks, session.features().os_release);
+    // -j N: sleep stacks unwound and symbolized on N workers while this
+    // thread decodes. Only for --sleep-stacks: classifying a sleep alone
+    // (unwinding to its first CPython frame by cached CFI rules) takes about
+    // a microsecond, less than copying its stack to a worker.
+    const bool workers = opt.jobs > 1 && opt.sleep_stacks > 0;
+    // (With workers this one is unused, and reads no kernel symbols.)
+    GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release);
 
-    // -j N: sleep stacks unwound on N workers while this thread decodes.
     std::unique_ptr<ParallelStackClassifier> parallel;
-    if (opt.jobs > 1)
+    if (workers)
         parallel = std::make_unique<ParallelStackClassifier>(opt.jobs, mopt, opt.sleep_stacks,
                                                              session.features().os_release);
     GilTracker gil(trace.get());

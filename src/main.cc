@@ -43,8 +43,11 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
                            the DWARF-unwound stack of the switch-out (auto: uprobes
                            when the recording has them, else stacks)
- -j, --jobs N             unwind sleep stacks on N worker threads (default 1; 0 = all
-                           cores); the results are byte-identical to -j 1
+ -j, --jobs N             with --sleep-stacks, unwind and symbolize on N worker
+                           threads (default 1; 0 = all cores); byte-identical to -j 1
+                           (without --sleep-stacks a sleep is classified in about a
+                           microsecond on the decoding thread: workers would only
+                           add copying, so -j is not used)
       --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
                            frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a

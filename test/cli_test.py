@@ -132,6 +132,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check(outs[0] == outs[1], "-j 1 and -j 2 give byte-identical traces and summaries")
     check(outs[0] == outs[2], "-j 5 (more workers than cores, part-filled job batches) too")
     check(b'"S(GIL)"' in outs[0][0], "the -j comparison covers S(GIL) sleeps")
+    plain = []
+    for j in ("1", "2"):
+        t_ = os.path.join(tmp, f"plain-j{j}.json")
+        r = run(os.path.join(DATA, "stacks_zstd.data"), "-j", j, "-q", "-o", t_)
+        check(r.returncode == 0, f"-j {j} without --sleep-stacks")
+        plain.append(open(t_, "rb").read())
+    check(plain[0] == plain[1] and b'"S(GIL)"' in plain[0], "-j without --sleep-stacks: the same classification")
 
     # A write error in the background writer is an error of the run, not a short trace
     if os.path.exists("/dev/full"):
