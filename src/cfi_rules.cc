@@ -56,6 +56,7 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
     // A signal frame's caller pc is exact, not a return address: libdw's
     // business. x86-64 CIEs name rip (16) as the return address column, so
     // the caller's pc is its register 16.
+    rule.signal = signal;
     if (ra != 16 || signal) return rule;
     rule.ra_reg = static_cast<uint8_t>(ra);
     Dwarf_Op* cfa_ops = nullptr;

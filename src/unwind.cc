@@ -35,6 +35,10 @@ struct DwarfUnwinder::Current {
     uint64_t sp = 0;
     Dwarf_Word regs[17] = {};
     bool have[17] = {};
+    // libdw restarted at a caller frame: its pc is the return address - 1,
+    // passed as an exact pc (see unwind_fast).
+    bool pc_override = false;
+    uint64_t pc = 0;
     // Modules of the mappings met in this unwind: consecutive frames are
     // mostly in one or two binaries, and the shared cache takes a lock.
     static constexpr int kMemo = 4;
@@ -124,7 +128,7 @@ bool set_initial_registers(Dwfl_Thread* thread, void* arg) {
             first = -1;
         }
     }
-    if (cur->have[16]) dwfl_thread_state_register_pc(thread, cur->regs[16]);
+    if (cur->have[16]) dwfl_thread_state_register_pc(thread, cur->pc_override ? cur->pc : cur->regs[16]);
     return true;
 }
 
@@ -225,10 +229,17 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
 // them from the same rules (registers 0..16; CFA = register + offset; each
 // caller register undefined, same, at CFA + n or CFA + n). On the first frame
 // whose rule is not of that kind, or whose return address cannot be read,
-// it stops and says how many frames it delivered: libdw then walks the
-// stack again from the start, skipping those, with its whole machinery.
+// it stops and says how many frames it delivered: libdw then takes over
+// with its whole machinery (for a pc without a module, its frame-pointer
+// fallback). It takes over at that frame when it can start there exactly as
+// it would have arrived there (`restart`), else it walks the stack again from
+// the start, skipping the frames delivered.
+//
+// A return address that cannot be read (the stack copy ends) ends the stack
+// as libdw's handle_cfi does: the caller's pc is "undefined", the walk
+// complete.
 std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
-                                                        unsigned max_frames, unsigned& delivered) {
+                                                        unsigned max_frames, unsigned& delivered, bool& restart) {
     Current& cur = sp.cur;
     uint64_t regs[CfiRule::kRegs];
     bool have[CfiRule::kRegs];
@@ -237,15 +248,33 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
         have[r] = cur.have[r];
     }
     delivered = 0;
+    restart = false;
     for (bool initial = true;; initial = false) {
         // The initial frame's pc is exact; a caller's is a return address.
         const uint64_t pc = initial ? regs[16] : regs[16] - 1;
         const CfiRule& rule = sp.rules.at(sp.dwfl, pc);
-        if (rule.kind != CfiRule::Simple) return std::nullopt;
+        if (rule.kind != CfiRule::Simple) {
+            // A caller frame libdw would reach with exactly these registers;
+            // started there with pc = return address - 1 as the exact pc, it
+            // looks up and reports the same pc. Not after a signal frame
+            // (there the caller's pc is exact) — the rules never pass one.
+            if (!initial && !rule.signal) {
+                restart = true;
+                for (int r = 0; r < CfiRule::kRegs; ++r) {
+                    cur.regs[r] = regs[r];
+                    cur.have[r] = have[r];
+                }
+                cur.pc_override = true;
+                cur.pc = pc;
+            }
+            return std::nullopt;
+        }
         ++fast_frames_;
         if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;
         if (++delivered >= max_frames) return UnwindStatus::Complete;
-        if (!have[rule.cfa_reg]) return std::nullopt;
+        // Without the CFA's register every CFA-relative register is unknown
+        // in the caller (libdw's expression evaluation fails for each).
+        const bool cfa_known = have[rule.cfa_reg];
         const uint64_t cfa = regs[rule.cfa_reg] + static_cast<uint64_t>(rule.cfa_offset);
         uint64_t next[CfiRule::kRegs];
         bool next_have[CfiRule::kRegs];
@@ -261,7 +290,7 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
                 break;
             case CfiRule::AtCfa: {
                 Dwarf_Word w = 0;
-                if (memory_read(sp.dwfl, at, &w, &cur)) {
+                if (cfa_known && memory_read(sp.dwfl, at, &w, &cur)) {
                     next[r] = w;
                     next_have[r] = true;
                 }
@@ -269,13 +298,13 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
             }
             case CfiRule::ValCfa:
                 next[r] = at;
-                next_have[r] = true;
+                next_have[r] = cfa_known;
                 break;
             }
         }
         // The outermost frame: the return address is undefined, or zero.
         if (rule.reg_kind[rule.ra_reg] == CfiRule::Undefined) return UnwindStatus::Complete;
-        if (!next_have[rule.ra_reg]) return std::nullopt;  // an error libdw reports its own way
+        if (!next_have[rule.ra_reg]) return UnwindStatus::Complete;
         if (next[rule.ra_reg] == 0) return UnwindStatus::Complete;
         for (int r = 0; r < CfiRule::kRegs; ++r) {
             regs[r] = next[r];
@@ -316,12 +345,17 @@ UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
     (void)PERF_REG_X86_IP;
     FrameCtx ctx{&cur, &cb, 0, max_frames, false, 0, &libdw_frames_};
     if (fast_) {
-        std::optional<UnwindStatus> done = unwind_fast(*sp, cb, max_frames, ctx.skip);
+        bool restart = false;
+        std::optional<UnwindStatus> done = unwind_fast(*sp, cb, max_frames, ctx.skip, restart);
         if (done) {
             cur.sample = nullptr;
             return *done;
         }
         ++fallbacks_;
+        if (restart) {  // libdw starts at the first frame not delivered
+            ctx.depth = ctx.skip;
+            ctx.skip = 0;
+        }
     }
     int rc = dwfl_getthread_frames(sp->dwfl, s.tid, frame_cb, &ctx);
     cur.sample = nullptr;

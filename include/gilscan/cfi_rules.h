@@ -36,6 +36,7 @@ struct CfiRule {
     };
     static constexpr int kRegs = 17;
     Kind kind = Other;
+    bool signal = false;  // Other because the FDE is a signal frame's
     uint8_t cfa_reg = 0;
     uint8_t ra_reg = 16;
     int64_t cfa_offset = 0;

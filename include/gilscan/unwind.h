@@ -80,7 +80,7 @@ private:
     struct Space;
     Space* space_for(const AddressSpace& as);
     std::optional<UnwindStatus> unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
-                                            unsigned max_frames, unsigned& delivered);
+                                            unsigned max_frames, unsigned& delivered, bool& restart);
     bool fast_ = true;
     uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0;
     ModuleCache& modules_;
