@@ -138,7 +138,10 @@ TEST_CASE("golden: tiny read chunks and the reader thread give the same spans, t
         const std::string path = (kData / (std::string(name) + ".data")).string();
         Analysis ref = analyse(path, 0, false);
         REQUIRE(ref.spans.spans.size() > 10);
-        for (auto [chunk, threaded] : std::vector<std::pair<size_t, bool>>{{0, true}, {64, false}, {64, true}, {4099, true}}) {
+        for (const auto& setting : std::vector<std::pair<size_t, bool>>{{0, true}, {64, false}, {64, true}, {4099, true}}) {
+            // (Not structured bindings: CAPTURE's lambda cannot capture them in clang 14.)
+            const size_t chunk = setting.first;
+            const bool threaded = setting.second;
             CAPTURE(chunk);
             CAPTURE(threaded);
             Analysis a = analyse(path, chunk, threaded);
