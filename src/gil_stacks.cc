@@ -109,7 +109,8 @@ GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& mod
       modules_(modules),
       unwinder_(modules),
       stack_frames_(stack_frames),
-      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0)) {}
+      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0)),
+      ksyms_(names_->ksyms) {}
 
 namespace {
 std::string names_json(const std::vector<std::string>& names) {
@@ -125,14 +126,15 @@ std::string names_json(const std::vector<std::string>& names) {
 const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
     auto it = local_kernel_.find(ip);
     if (it != local_kernel_.end()) return it->second;
+    // Waits for the background read of /proc/kallsyms the first time (on this
+    // classifier's own copy of the future, outside the lock).
+    static const KernelSymbols kNone("");  // a cache made without kernel names: addresses only
+    const KernelSymbols& ksyms = ksyms_.valid() ? *ksyms_.get() : kNone;
     std::string j;
     {
         std::lock_guard<std::mutex> l(names_->mu);
         auto sh = names_->kernel.find(ip);
-        if (sh == names_->kernel.end()) {
-            // Waits for the background read of /proc/kallsyms the first time.
-            sh = names_->kernel.emplace(ip, names_json({names_->ksyms.get()->name(ip)})).first;
-        }
+        if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip)})).first;
         j = sh->second;
     }
     return local_kernel_.emplace(ip, std::move(j)).first->second;

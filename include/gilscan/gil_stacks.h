@@ -105,6 +105,7 @@ private:
     StackStats stats_;
     unsigned stack_frames_;
     std::shared_ptr<NameCache> names_;
+    std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms_;  // this thread's copy of names_->ksyms
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;
     std::unordered_map<uint64_t, std::string> local_kernel_;
 };
