@@ -228,8 +228,8 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
 // Frames by cached CFI rules, exactly as libdw's handle_cfi would compute
 // them from the same rules (registers 0..16; CFA = register + offset; each
 // caller register undefined, same, at CFA + n or CFA + n). On the first frame
-// whose rule is not of that kind, or whose return address cannot be read,
-// it stops and says how many frames it delivered: libdw then takes over
+// whose rule is not of that kind it stops and says how many frames it
+// delivered: libdw then takes over
 // with its whole machinery (for a pc without a module, its frame-pointer
 // fallback). It takes over at that frame when it can start there exactly as
 // it would have arrived there (`restart`), else it walks the stack again from
