@@ -96,6 +96,9 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
 const CfiRule& CfiRuleCache::at(Dwfl* dwfl, uint64_t pc) {
     auto it = rules_.find(pc);
     if (it != rules_.end()) return it->second;
+    // Real stacks meet some thousands of distinct pcs; damaged ones can
+    // bring a new garbage pc with every frame. Bounded: start over.
+    if (rules_.size() >= kMaxRules) rules_.clear();
     return rules_.emplace(pc, read_cfi_rule(dwfl, pc)).first->second;
 }
 

@@ -85,3 +85,10 @@ TEST_CASE("CFI rules: nothing to describe without a Dwfl or a module") {
     cache.clear();
     CHECK(cache.size() == 0);
 }
+
+TEST_CASE("CFI rules: the cache is bounded") {
+    CfiRuleCache cache;
+    for (uint64_t pc = 0; pc < (1u << 18) + 10; ++pc) cache.at(nullptr, 0x1000 + pc);
+    CHECK(cache.size() <= (1u << 18));
+    CHECK(cache.size() > 0);
+}

@@ -51,6 +51,7 @@ public:
     size_t size() const { return rules_.size(); }
 
 private:
+    static constexpr size_t kMaxRules = 1u << 18;  // about 50 MB of rules at most
     std::unordered_map<uint64_t, CfiRule> rules_;  // by runtime pc (one cache per address-space layout)
 };
 
