@@ -1,25 +1,22 @@
 #include "gilscan/gil_stacks.h"
 
-#include <atomic>
-#include <cstring>
-
-#include <cstdio>
 #include <algorithm>
-#include <cstdlib>
-#include <filesystem>
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
-#include <fstream>
-#include <map>
-#include <unordered_map>
+#include <filesystem>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
-#include <pthread.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/utsname.h>
 #include <unistd.h>
-#include <cerrno>
 
 #include "gilscan/byte_buffer.h"
 #include "gilscan/perf_abi.h"
@@ -286,8 +283,9 @@ namespace {
 // decoding thread; on a VM a wake-up costs tens of microseconds, so jobs
 // travel in batches of 64 (a few hundred microseconds of unwinding).
 constexpr size_t kJobBatch = 64;
-// Jobs handed over and not yet back. When the workers fall behind, the
-// decoding thread waits for them instead of copying ever more stacks.
+// Batches queued for the workers. When the workers fall behind, the
+// decoding thread unwinds the next batch itself instead of queueing (and
+// copying) ever more stacks.
 constexpr size_t kMaxQueuedBatches = 8;
 }
 
@@ -358,10 +356,17 @@ void ParallelStackClassifier::hand_staged() {
     // computes them.
     for (auto& job : batch) {
         here_->classify_into(job->space.get(), job->sample, job->label);
-        ready_.emplace(job->ticket, job->label);
-        job->space.reset();
-        spare_.push_back(std::move(job));
+        take_back(job);
     }
+}
+
+void ParallelStackClassifier::take_back(std::unique_ptr<Job>& job) {
+    // A label waits in ready_ until its span is emitted, which can be long
+    // after the wake-up; the job (and its stack copy) is reused at once. The
+    // label is copied, not moved: its strings stay with the job to be refilled.
+    ready_.emplace(job->ticket, job->label);
+    job->space.reset();  // the snapshot is released on this thread
+    spare_.push_back(std::move(job));
 }
 
 int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
@@ -414,15 +419,7 @@ std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool 
                 if (job->ticket == ticket) return true;
             return false;
         });
-        // A label waits here until its span is emitted, which can be long
-        // after the wake-up; the job (and its stack copy) is reused at once.
-        // The label is copied, not moved: its strings stay with the job for
-        // the worker to refill.
-        for (auto& job : sh_->finished) {
-            ready_.emplace(job->ticket, job->label);
-            job->space.reset();  // the snapshot is freed on this thread
-            spare_.push_back(std::move(job));
-        }
+        for (auto& job : sh_->finished) take_back(job);
         sh_->finished.clear();
         seen_posted_ = sh_->posted.load(std::memory_order_relaxed);
     }

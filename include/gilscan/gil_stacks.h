@@ -131,9 +131,9 @@ public:
     // thread wake-up per sleep would cost more than unwinding it.
     int64_t submit(std::shared_ptr<const AddressSpace> space, const Sample& s);
     std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
-    // The problems of the binaries the workers met (missing, changed).
     void finish();                       // stops the workers
     StackStats stats() const;
+    // The problems of the binaries the workers met (missing, changed).
     std::vector<std::string> problems() const;
 
 private:
@@ -142,6 +142,7 @@ private:
     struct Shared;
     void work(Worker& w);
     void hand_staged();  // the staged jobs to the workers
+    void take_back(std::unique_ptr<Job>& job);  // a labelled job: label to ready_, job to spare_
     std::unique_ptr<ModuleCache> modules_;  // shared by the workers
     std::unique_ptr<GilStackClassifier> here_;  // this thread's, for batches the workers have no room for
     std::unique_ptr<Shared> sh_;
