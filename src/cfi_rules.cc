@@ -54,11 +54,9 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
     bool signal = false;
     const int ra = dwarf_frame_info(frame, nullptr, nullptr, &signal);
     // A signal frame's caller pc is exact, not a return address: libdw's
-    // business. x86-64 CIEs name rip (16) as the return address column, so
-    // the caller's pc is its register 16.
+    // business. x86-64 CIEs name rip as the return address column.
     rule.signal = signal;
-    if (ra != 16 || signal) return rule;
-    rule.ra_reg = static_cast<uint8_t>(ra);
+    if (ra != CfiRule::kRa || signal) return rule;
     Dwarf_Op* cfa_ops = nullptr;
     size_t cfa_n = 0;
     if (dwarf_frame_cfa(frame, &cfa_ops, &cfa_n) != 0 || cfa_n != 1) return rule;

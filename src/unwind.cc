@@ -251,7 +251,7 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
     restart = false;
     for (bool initial = true;; initial = false) {
         // The initial frame's pc is exact; a caller's is a return address.
-        const uint64_t pc = initial ? regs[16] : regs[16] - 1;
+        const uint64_t pc = initial ? regs[CfiRule::kRa] : regs[CfiRule::kRa] - 1;
         const CfiRule& rule = sp.rules.at(sp.dwfl, pc);
         if (rule.kind != CfiRule::Simple) {
             // A caller frame libdw would reach with exactly these registers;
@@ -303,9 +303,9 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
             }
         }
         // The outermost frame: the return address is undefined, or zero.
-        if (rule.reg_kind[rule.ra_reg] == CfiRule::Undefined) return UnwindStatus::Complete;
-        if (!next_have[rule.ra_reg]) return UnwindStatus::Complete;
-        if (next[rule.ra_reg] == 0) return UnwindStatus::Complete;
+        if (rule.reg_kind[CfiRule::kRa] == CfiRule::Undefined) return UnwindStatus::Complete;
+        if (!next_have[CfiRule::kRa]) return UnwindStatus::Complete;
+        if (next[CfiRule::kRa] == 0) return UnwindStatus::Complete;
         for (int r = 0; r < CfiRule::kRegs; ++r) {
             regs[r] = next[r];
             have[r] = next_have[r];

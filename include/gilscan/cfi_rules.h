@@ -35,10 +35,12 @@ struct CfiRule {
         ValCfa,     // equals CFA + offset
     };
     static constexpr int kRegs = 17;
+    // The return address column: rip. A CIE that names another is Other, so
+    // the caller's pc is always its register 16.
+    static constexpr int kRa = 16;
     Kind kind = Other;
     bool signal = false;  // Other because the FDE is a signal frame's
     uint8_t cfa_reg = 0;
-    uint8_t ra_reg = 16;
     int64_t cfa_offset = 0;
     RegKind reg_kind[kRegs] = {};
     int64_t reg_offset[kRegs] = {};

@@ -6,12 +6,14 @@
 //       return f.module && f.module->in_take(f.vaddr) ? FrameAction::Stop : FrameAction::Continue;
 //   });
 //
-// One long-lived Dwfl per address space (never one per sample: that is the
-// classic 10x slowness); modules mapped later are added to it with
-// dwfl_report_begin_add. libdw reads .eh_frame (and .debug_frame from
-// separate debuginfo when it finds it) from the files; memory reads come
-// from the sample's stack copy (only its dyn_size valid bytes) or, outside
-// it, from the mapped file.
+// One long-lived Dwfl per layout of executable mappings (never one per
+// sample: that is the classic 10x slowness); modules mapped later are added
+// to it with dwfl_report_begin_add. libdw reads .eh_frame (and .debug_frame
+// from separate debuginfo when it finds it) from the files; memory reads
+// come from the sample's stack copy (only its dyn_size valid bytes) or,
+// outside it, from the mapped file. Frames are computed from the CFI rules
+// libdw reports, cached per pc (cfi_rules.h); libdw walks what those rules
+// cannot describe, with the same results (test/unwind_test.cc).
 #pragma once
 
 #include <cstdint>
@@ -68,7 +70,7 @@ public:
     // Frames from cached CFI rules first (on by default), libdw for the
     // stacks they cannot describe. Off: libdw alone (tests compare the two).
     void set_fast(bool on) { fast_ = on; }
-    // Stacks the fast path handed to libdw; frames each of them delivered.
+    // Stacks the fast path handed to libdw, and the frames each path delivered.
     uint64_t fallbacks() const { return fallbacks_; }
     uint64_t fast_frames() const { return fast_frames_; }
     uint64_t libdw_frames() const { return libdw_frames_; }
