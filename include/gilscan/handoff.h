@@ -35,8 +35,7 @@ public:
                                 (max_bytes_ == 0 || full_.empty() || queued_bytes_ + bytes <= max_bytes_));
         });
         if (aborted_) return false;
-        full_.push_back(std::move(batch));
-        sizes_.push_back(bytes);
+        full_.push_back({std::move(batch), bytes});
         queued_bytes_ += bytes;
         ++pushed_;
         cv_.notify_all();
@@ -46,10 +45,9 @@ public:
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return closed_ || aborted_ || !full_.empty(); });
         if (aborted_ || full_.empty()) return false;
-        out = std::move(full_.front());
+        out = std::move(full_.front().batch);
+        queued_bytes_ -= full_.front().bytes;
         full_.pop_front();
-        queued_bytes_ -= sizes_.front();
-        sizes_.pop_front();
         cv_.notify_all();
         return true;
     }
@@ -86,8 +84,11 @@ public:
 private:
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<std::vector<T>> full_;
-    std::deque<size_t> sizes_;  // bytes of each queued batch
+    struct Queued {
+        std::vector<T> batch;
+        size_t bytes;
+    };
+    std::deque<Queued> full_;
     std::vector<std::vector<T>> done_;
     size_t max_, max_bytes_;
     size_t queued_bytes_ = 0;
