@@ -27,23 +27,6 @@ Timeline::Thread& Timeline::thread(int32_t tid) {
     return all_.back();
 }
 
-void Timeline::note_cpu_time(uint32_t cpu, uint64_t t) {
-    constexpr uint32_t kTable = 1u << 16;
-    if (cpu < kTable) {
-        if (cpu >= cpu_last_.size()) cpu_last_.resize(cpu + 1u, 0);
-        cpu_last_[cpu] = t;
-    } else {
-        cpu_last_other_[cpu] = t;
-    }
-}
-
-std::optional<uint64_t> Timeline::cpu_time(uint32_t cpu) const {
-    if (cpu < cpu_last_.size() && cpu_last_[cpu] != 0) return cpu_last_[cpu];
-    auto it = cpu_last_other_.find(cpu);
-    if (it != cpu_last_other_.end()) return it->second;
-    return std::nullopt;
-}
-
 void Timeline::set_tgid(Thread& th, int32_t tgid) {
     if (tgid > 0) th.st.tgid = tgid;
 }
@@ -287,7 +270,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
     if (k == TpKind::Other) return;
     const uint64_t t = s.time;
     last_time_ = std::max(last_time_, t);
-    if (s.cpu != ~0u) note_cpu_time(s.cpu, t);
+    if (s.cpu != ~0u) cpu_last_.set(s.cpu, t);
     const bool swap = session_.swap();
     // The sample's own task is running now: learn its process.
     if (s.tid > 0 && k != TpKind::SchedSwitch) {
@@ -407,7 +390,7 @@ void Timeline::on_lost(const LostEvent& e) {
     const bool any_cpu = e.sid.cpu == ~0u;
     uint64_t gap_start = t;
     if (!any_cpu) {
-        if (auto c = cpu_time(e.sid.cpu)) gap_start = std::min(*c, t);
+        if (const uint64_t* c = cpu_last_.find(e.sid.cpu)) gap_start = std::min(*c, t);
     }
     live_.for_each([&](int64_t, uint32_t idx) {
         Thread& th = all_[idx];

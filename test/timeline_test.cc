@@ -2,6 +2,7 @@
 
 #include "gilscan/timeline.h"
 #include "test_util.h"
+#include "gilscan/tid_map.h"
 
 using namespace gilscan;
 using namespace gilscan::test;
@@ -159,4 +160,34 @@ TEST_CASE("exit: the final switch-out (X/Z) ends the thread; a reused tid is a n
     int n = 0;
     for (auto& t : a.threads) n += t.tid == 11;
     CHECK(n == 2);
+}
+
+TEST_CASE("IdMap: flat ids, foreign ids, erase, 64-bit values") {
+    TidMap m;
+    m.set(5, 50);
+    m.set(int64_t{1} << 30, 7);  // beyond pid_max: the hash side
+    m.set(-3, 9);
+    CHECK(m.size() == 3);
+    REQUIRE(m.find(5));
+    CHECK(*m.find(5) == 50);
+    CHECK(*m.find(int64_t{1} << 30) == 7);
+    CHECK(*m.find(-3) == 9);
+    CHECK_FALSE(m.find(6));
+    m.set(5, 51);
+    CHECK(m.size() == 3);
+    m.erase(5);
+    m.erase(-3);
+    CHECK_FALSE(m.find(5));
+    CHECK(m.size() == 1);
+    std::vector<int64_t> keys;
+    m.for_each([&](int64_t k, uint32_t) { keys.push_back(k); });
+    CHECK(keys == std::vector<int64_t>{int64_t{1} << 30});
+
+    IdMap<uint64_t> times;  // cpu -> time: 0 is a time like any other
+    times.set(3, 0);
+    times.set(70000, 123456789012345ull);
+    REQUIRE(times.find(3));
+    CHECK(*times.find(3) == 0);
+    CHECK(*times.find(70000) == 123456789012345ull);
+    CHECK_FALSE(times.find(2));
 }

@@ -163,11 +163,7 @@ private:
     void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
     TidMap live_;  // tid -> index in all_
-    // Last event time per CPU (0: none yet); CPU numbers past the table in a map.
-    std::vector<uint64_t> cpu_last_;
-    std::unordered_map<uint32_t, uint64_t> cpu_last_other_;
-    void note_cpu_time(uint32_t cpu, uint64_t t);
-    std::optional<uint64_t> cpu_time(uint32_t cpu) const;
+    IdMap<uint64_t> cpu_last_;  // cpu -> time of its last event
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
     uint64_t last_time_ = 0;
