@@ -15,8 +15,9 @@
 // pread() into reusable 2 MiB chunks. Faulting a mapping in costs more than
 // copying the same bytes out of the page cache — about 3x here (`bench/walk`
 // vs `bench/walk --pread` on the 379 MB quick-bench capture: 0.33 s vs 0.10 s
-// on this project's VM, whose page faults are expensive) — and a chunk that no queued record needs any more is reused, so
-// residency stays bounded whatever the file size. A record never straddles
+// on this project's VM, whose page faults are expensive) — and a chunk that
+// no queued record needs any more is reused, so residency stays bounded
+// whatever the file size. A record never straddles
 // two chunks: the unfinished tail of one chunk starts the next.
 //
 // Compressed records are decoded with one streaming zstd context for the
@@ -37,7 +38,6 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 namespace gilscan {
 
 inline constexpr uint32_t kNoChunk = ~0u;
-
 
 // Reference-counted byte buffers that records point into. Buffers are
 // recycled: a released chunk's memory is reused by the next acquire().
