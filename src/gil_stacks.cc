@@ -106,6 +106,7 @@ GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& mod
       modules_(modules),
       unwinder_(modules),
       stack_frames_(stack_frames),
+      shared_names_(names != nullptr),
       names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0)),
       ksyms_(names_->ksyms) {}
 
@@ -120,40 +121,46 @@ std::string names_json(const std::vector<std::string>& names) {
 }
 }  // namespace
 
+// With a cache of its own (-j 1) the classifier uses the cache's entries
+// directly; a shared cache's entries are copied to the classifier's private
+// maps, so that a hit takes no lock.
 const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
-    auto it = local_kernel_.find(ip);
-    if (it != local_kernel_.end()) return it->second;
+    if (shared_names_) {
+        auto it = local_kernel_.find(ip);
+        if (it != local_kernel_.end()) return it->second;
+    }
     // Waits for the background read of /proc/kallsyms the first time (on this
     // classifier's own copy of the future, outside the lock).
     static const KernelSymbols kNone("");  // a cache made without kernel names: addresses only
     const KernelSymbols& ksyms = ksyms_.valid() ? *ksyms_.get() : kNone;
-    std::string j;
-    {
-        std::lock_guard<std::mutex> l(names_->mu);
-        auto sh = names_->kernel.find(ip);
-        if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip)})).first;
-        j = sh->second;
-    }
+    std::unique_lock<std::mutex> l(names_->mu);
+    auto sh = names_->kernel.find(ip);
+    if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip)})).first;
+    if (!shared_names_) return sh->second;
+    std::string j = sh->second;
+    l.unlock();
     return local_kernel_.emplace(ip, std::move(j)).first->second;
 }
 
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
-    auto& local = local_names_[layout];
-    auto it = local.find(f.pc);
-    if (it != local.end()) return it->second;
-    std::string j;
-    {
-        std::lock_guard<std::mutex> l(names_->mu);
-        auto& shared = names_->names[layout];
-        auto sh = shared.find(f.pc);
-        if (sh == shared.end()) {
-            Frame g = f;
-            if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
-            sh = shared.emplace(f.pc, names_json(describe_frame(g))).first;
-        }
-        j = sh->second;
+    std::unordered_map<uint64_t, std::string>* local = nullptr;
+    if (shared_names_) {
+        local = &local_names_[layout];
+        auto it = local->find(f.pc);
+        if (it != local->end()) return it->second;
     }
-    return local.emplace(f.pc, std::move(j)).first->second;
+    std::unique_lock<std::mutex> l(names_->mu);
+    auto& shared = names_->names[layout];
+    auto sh = shared.find(f.pc);
+    if (sh == shared.end()) {
+        Frame g = f;
+        if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
+        sh = shared.emplace(f.pc, names_json(describe_frame(g))).first;
+    }
+    if (!local) return sh->second;
+    std::string j = sh->second;
+    l.unlock();
+    return local->emplace(f.pc, std::move(j)).first->second;
 }
 
 bool GilStackClassifier::maps_python(const AddressSpace& as) {

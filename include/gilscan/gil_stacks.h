@@ -64,9 +64,9 @@ class GilStackClassifier {
 public:
     // Symbolized frames by (address space layout, pc), shared between the
     // classifiers of -j workers: libdw's symbol and inline lookups are slow
-    // and the same frames recur in nearly every stack. Each classifier keeps
-    // a private copy of what it used (no lock per frame); a miss takes the
-    // lock, and is symbolized once for all workers through one `symbolizer`
+    // and the same frames recur in nearly every stack. A classifier sharing
+    // the cache keeps a private copy of what it used (no lock per frame); a
+    // miss takes the lock, and is symbolized once for all workers through one `symbolizer`
     // Dwfl, so a module's DWARF is read and decompressed once, not per
     // worker. The kernel's symbols are read from /proc/kallsyms on a
     // background thread as soon as the cache is made (that read costs tens
@@ -104,10 +104,11 @@ private:
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> python_spaces_;  // space id -> (version, answer)
     StackStats stats_;
     unsigned stack_frames_;
+    bool shared_names_;  // names_ came from outside (-j workers): hits go through local_*
     std::shared_ptr<NameCache> names_;
     std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms_;  // this thread's copy of names_->ksyms
-    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;
-    std::unordered_map<uint64_t, std::string> local_kernel_;
+    std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;  // shared cache only
+    std::unordered_map<uint64_t, std::string> local_kernel_;                               // shared cache only
 };
 
 }  // namespace gilscan
