@@ -6,30 +6,6 @@
 
 namespace gilscan {
 
-void append_json_string(std::string& out, std::string_view s) {
-    out.push_back('"');
-    for (unsigned char ch : s) {
-        switch (ch) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\t': out += "\\t"; break;
-        case '\r': out += "\\r"; break;
-        default:
-            if (ch < 0x20 || ch >= 0x80) {
-                // comm is raw bytes from the kernel: keep JSON valid UTF-8.
-                static const char hex[] = "0123456789abcdef";
-                out += "\\u00";
-                out.push_back(hex[ch >> 4]);
-                out.push_back(hex[ch & 15]);
-            } else {
-                out.push_back(static_cast<char>(ch));
-            }
-        }
-    }
-    out.push_back('"');
-}
-
 namespace {
 
 // Formatting into a raw buffer that begin() sized for the worst case.
@@ -99,6 +75,13 @@ constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in t
 inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 
 }  // namespace
+
+void append_json_string(std::string& out, std::string_view s) {
+    const size_t at = out.size();
+    out.resize(at + str_bound(s));
+    char* end = put_str(out.data() + at, s);
+    out.resize(static_cast<size_t>(end - out.data()));
+}
 
 TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), opt_(std::move(opt)) {
     out_.write(std::string_view("{\"traceEvents\":[\n"));
