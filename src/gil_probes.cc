@@ -90,9 +90,10 @@ void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
 }
 
 void GilTracker::on_sample(const Sample& s, const EventInfo& ev) {
-    if (kinds_.size() <= static_cast<size_t>(ev.index)) kinds_.resize(static_cast<size_t>(ev.index) + 1, TpKind::SchedSwitch);
-    TpKind& k = kinds_[static_cast<size_t>(ev.index)];
-    if (k == TpKind::SchedSwitch) k = gil_probe_kind(ev.name);  // SchedSwitch marks "not yet classified"
+    if (kinds_.size() <= static_cast<size_t>(ev.index)) kinds_.resize(static_cast<size_t>(ev.index) + 1, {TpKind::Other, ~0u});
+    Kind& kk = kinds_[static_cast<size_t>(ev.index)];
+    if (kk.generation != ev.generation) kk = {gil_probe_kind(ev.name), ev.generation};  // first sight, or renamed
+    const TpKind k = kk.kind;
     if (k != TpKind::GilTake && k != TpKind::GilTakeReturn && k != TpKind::GilDrop && k != TpKind::GilDropReturn)
         return;
     if (s.tid <= 0) return;

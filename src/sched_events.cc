@@ -113,8 +113,13 @@ PrevState PrevStateTable::decode(int64_t prev_state) const {
 TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     if (by_event_.size() <= static_cast<size_t>(ev.index)) by_event_.resize(static_cast<size_t>(ev.index) + 1);
     Fields& f = by_event_[static_cast<size_t>(ev.index)];
-    if (f.ready) return f;
+    if (f.ready && f.generation == ev.generation) return f;
+    // First sight, or the event's name or formats changed (the old field
+    // pointers may point into freed formats). PrevStates already handed out
+    // stay in decoded_, so their letters remain valid.
+    f = Fields();
     f.ready = true;
+    f.generation = ev.generation;
     const TpFormat* fmt = ev.format;
     if (!fmt) return f;
     std::string n = fmt->full_name();

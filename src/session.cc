@@ -121,6 +121,7 @@ void Session::resolve_names_and_formats() {
         }
     }
     for (auto& ev : events_) {
+        ++ev.generation;
         if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) ev.format = tracing_.by_id(ev.attr.config);
         if (!ev.name_known) {
             // Until EVENT_DESC or the formats arrive (pipe mode), a placeholder.
@@ -193,6 +194,7 @@ void Session::handle_user_record(const RawRecord& r) {
             if (it != id_to_event_.end()) {
                 events_[static_cast<size_t>(it->second)].name = std::string(c.fixed_string(c.left()));
                 events_[it->second].name_known = true;
+                ++events_[it->second].generation;
             }
         }
         break;

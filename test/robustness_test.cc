@@ -157,3 +157,45 @@ TEST_CASE("sample counts larger than the record: the record is skipped and count
     CHECK(a.stats.samples_by_event.at(0) == 1);
     CHECK(any_warning(a, "malformed record"));
 }
+
+TEST_CASE("pipe mode: tracing data sent again mid-stream replaces the formats the decoders use") {
+    // perf sends HEADER_TRACING_DATA once, first; a stream spliced from two
+    // (or a damaged one) can send it again after samples were decoded. The
+    // formats are parsed afresh then, and whatever cached a field's position
+    // in the old ones must not read them (ASan catches a use after free).
+    SchedRecording r;
+    r.switch_(50, 0, 10, 12, 1, 11);
+    r.switch_(100, 0, 10, 11, 1, 0);
+    r.waking(150, 1, 10, 12, 11);
+    r.switch_(170, 1, 10, 12, 1, 11);
+    r.switch_(400, 1, 10, 11, 1, 0);
+    r.waking(500, 1, 10, 12, 11);
+    auto b = r.w.build_pipe();
+    auto at = pipe_boundaries(b);
+    size_t td = 0, first_data = 0;
+    for (size_t i = 0; i + 1 < at.size(); ++i) {
+        uint32_t type = load<uint32_t>(b.data() + at[i], false);
+        if (type == PERF_RECORD_HEADER_TRACING_DATA) td = i;
+        if (type == PERF_RECORD_SAMPLE && !first_data) first_data = i;
+    }
+    REQUIRE(first_data > td);
+    REQUIRE(first_data + 3 < at.size());
+    // The tracing data again after the first three samples, which a
+    // second FINISHED_ROUND releases to the stages before it (a round
+    // releases what was queued before the round ahead of it).
+    std::vector<uint8_t> spliced(b.begin(), b.begin() + static_cast<long>(at[first_data + 3]));
+    const uint8_t round[8] = {PERF_RECORD_FINISHED_ROUND, 0, 0, 0, 0, 0, 8, 0};
+    spliced.insert(spliced.end(), round, round + 8);
+    spliced.insert(spliced.end(), round, round + 8);
+    spliced.insert(spliced.end(), b.begin() + static_cast<long>(at[td]), b.begin() + static_cast<long>(at[td + 1]));
+    spliced.insert(spliced.end(), b.begin() + static_cast<long>(at[first_data + 3]), b.end());
+    Analysis plain = analyse_bytes(b);
+    Analysis again = analyse_bytes(spliced);
+    CHECK(again.stats.malformed == 0);
+    const ThreadStats* t = again.thread(11);
+    REQUIRE(t);
+    CHECK(t->sleep_count == plain.thread(11)->sleep_count);
+    CHECK(t->sleep_ns == plain.thread(11)->sleep_ns);
+    CHECK(t->running_ns == plain.thread(11)->running_ns);
+    CHECK(again.spans.of(11, SpanKind::Sleep).size() == 2);
+}

@@ -99,7 +99,11 @@ private:
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
     TraceWriter* trace_;
-    std::vector<TpKind> kinds_;  // per EventInfo index
+    struct Kind {
+        TpKind kind;
+        uint32_t generation;  // of the EventInfo it was derived from
+    };
+    std::vector<Kind> kinds_;  // per EventInfo index
     TidMap threads_;  // tid -> index in all_
     std::deque<Thread> all_;
     TidMap proc_index_;  // pid -> index in procs_

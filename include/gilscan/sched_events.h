@@ -100,6 +100,7 @@ public:
 private:
     struct Fields {
         bool ready = false;
+        uint32_t generation = 0;  // EventInfo::generation this was worked out for
         TpKind kind = TpKind::Other;
         const TpField *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr, *e = nullptr, *f = nullptr,
                       *g = nullptr;
@@ -109,7 +110,8 @@ private:
     };
     Fields& fields(const EventInfo& ev) {
         const size_t i = static_cast<size_t>(ev.index);
-        if (i < by_event_.size() && by_event_[i].ready) return by_event_[i];
+        if (i < by_event_.size() && by_event_[i].ready && by_event_[i].generation == ev.generation) [[likely]]
+            return by_event_[i];
         return prepare(ev);
     }
     Fields& prepare(const EventInfo& ev);

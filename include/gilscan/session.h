@@ -43,6 +43,10 @@ struct EventInfo {
     int trailer_time_index = -1;  // u64 index of TIME counted from the end of other records' bodies
     int trailer_words = 0;        // u64s in the sample_id_all trailer
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
+    // Bumped whenever name or format may have changed (pipe mode's header
+    // records): what a stage cached from either (a kind, a field's position
+    // inside the old formats) is stale, and must be worked out again.
+    uint32_t generation = 0;
 };
 
 struct DecodeStats {
