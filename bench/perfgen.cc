@@ -40,6 +40,7 @@ namespace {
 struct Args {
     std::string tmpl, out = "perfgen.data";
     unsigned cpus = 8, threads = 64, processes = 0;
+    int32_t pid_base = 100000;  // first pid; on machines with pid_max = 2^22 tids run into the millions
     double seconds = 0;
     uint64_t events = 100000;
     bool pipe = false, zstd = false, stacks = false;
@@ -323,7 +324,7 @@ public:
         const uint64_t t0 = 1'000'000'000'000ull;  // a plausible CLOCK_MONOTONIC start
         threads_.reserve(a_.threads);
         for (unsigned i = 0; i < a_.threads; ++i) {
-            int32_t pid = 100000 + static_cast<int32_t>(i % nproc) * 1000;
+            int32_t pid = a_.pid_base + static_cast<int32_t>(i % nproc) * 1000;
             int32_t tid = pid + static_cast<int32_t>(i / nproc);
             threads_.push_back(Thread{pid, tid});
         }
@@ -411,7 +412,7 @@ private:
             return;
         }
         Thread& th = threads_[static_cast<size_t>(cur)];
-        const size_t proc = static_cast<size_t>((th.pid - 100000) / 1000);
+        const size_t proc = static_cast<size_t>((th.pid - a_.pid_base) / 1000);
         const int r = pct(rng_);
         switch (th.st) {
         case St::RunNoGil:
@@ -517,7 +518,7 @@ private:
 
 [[noreturn]] void usage(const char* why) {
     std::fprintf(stderr,
-                 "perfgen: %s\nusage: perfgen [--template F] [--cpus N] [--threads N] [--processes N]\n"
+                 "perfgen: %s\nusage: perfgen [--template F] [--cpus N] [--threads N] [--processes N] [--pid-base N]\n"
                  "               [--seconds S | --events N] [--pipe] [-z] [--stacks] [--seed N] -o OUT\n",
                  why);
     std::exit(2);
@@ -537,6 +538,7 @@ int main(int argc, char** argv) {
         else if (s == "--cpus") a.cpus = static_cast<unsigned>(std::stoul(val()));
         else if (s == "--threads") a.threads = static_cast<unsigned>(std::stoul(val()));
         else if (s == "--processes") a.processes = static_cast<unsigned>(std::stoul(val()));
+        else if (s == "--pid-base") a.pid_base = static_cast<int32_t>(std::stol(val()));
         else if (s == "--seconds") a.seconds = std::stod(val());
         else if (s == "--events") a.events = std::stoull(val());
         else if (s == "--seed") a.seed = std::stoull(val());
@@ -547,6 +549,13 @@ int main(int argc, char** argv) {
         else usage(("unknown option " + s).c_str());
     }
     if (a.cpus == 0 || a.threads == 0) usage("--cpus and --threads must be positive");
+    {
+        // pids are pid_base + 1000 * process, tids count up from there (4194304 = pid_max's limit).
+        const unsigned nproc = a.processes ? a.processes : std::max(1u, a.threads / 16);
+        const int64_t last = int64_t{a.pid_base} + int64_t{1000} * nproc;
+        if (a.pid_base <= 0 || last >= (int64_t{1} << 22) || (a.threads - 1) / nproc >= 1000)
+            usage("--pid-base: pids must stay in 1..4194303, at most 1000 threads per process");
+    }
     if (a.tmpl.empty())
         a.tmpl = std::string(GILSCAN_TESTDATA) + (a.stacks ? "/stacks_py311.data" : "/gil_combined.data");
     try {

@@ -392,10 +392,13 @@ void Timeline::on_lost(const LostEvent& e) {
     if (!any_cpu) {
         if (const uint64_t* c = cpu_last_.find(e.sid.cpu)) gap_start = std::min(*c, t);
     }
-    live_.for_each([&](int64_t, uint32_t idx) {
+    // Threads in first-seen order (a tid's earlier, replaced entries skipped).
+    for (uint32_t idx = 0; idx < all_.size(); ++idx) {
         Thread& th = all_[idx];
-        if (!th.known || th.dead || th.state == SpanKind::Unknown) return;
-        if (!any_cpu && th.cpu != e.sid.cpu) return;
+        const uint32_t* live = live_.find(th.st.tid);
+        if (!live || *live != idx) continue;
+        if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
+        if (!any_cpu && th.cpu != e.sid.cpu) continue;
         uint64_t cut = std::max(th.since, gap_start);
         if (cut > th.since) {
             close(th, cut, false);
@@ -407,7 +410,7 @@ void Timeline::on_lost(const LostEvent& e) {
         th.state = SpanKind::Unknown;
         th.state_letters = "?";
         th.since = cut;
-    });
+    }
 }
 
 void Timeline::finish(uint64_t end) {

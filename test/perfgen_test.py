@@ -17,7 +17,8 @@ PERFGEN, GILSCAN = sys.argv[1], sys.argv[2]
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for mode in ([], ["--pipe"], ["-z"], ["--pipe", "-z"], ["--stacks"], ["--cpus", "64", "--threads", "1000"]):
+    for mode in ([], ["--pipe"], ["-z"], ["--pipe", "-z"], ["--stacks"], ["--cpus", "64", "--threads", "1000"],
+                 ["--pid-base", "3000000"]):
         name = " ".join(mode) or "file"
         out = os.path.join(tmp, "g.data")
         r = subprocess.run([PERFGEN, "--events", "20000", *mode, "-o", out], capture_output=True, text=True)
@@ -37,6 +38,9 @@ with tempfile.TemporaryDirectory() as tmp:
         check(sum(perf_counts.values()) >= 20000, f"{name}: the events asked for")
         a = summ["gil"]["anomalies"]
         check(sum(a.values()) == 0, f"{name}: plausible GIL sequences, no anomalies ({a})")
+        if "--pid-base" in mode:
+            tids = [t["tid"] for t in summ["threads"]]
+            check(tids and min(tids) >= 3000000, f"tids from --pid-base ({min(tids) if tids else None})")
         if "--stacks" in mode:
             st = summ["stacks"]
             check(st["sleeps_seen"] > 1000 and st["decided"] == st["sleeps_seen"], f"copied stacks unwind ({st})")

@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <limits>
+#include <map>
+#include <random>
+
 #include "gilscan/timeline.h"
 #include "test_util.h"
 #include "gilscan/tid_map.h"
@@ -162,10 +166,10 @@ TEST_CASE("exit: the final switch-out (X/Z) ends the thread; a reused tid is a n
     CHECK(n == 2);
 }
 
-TEST_CASE("IdMap: flat ids, foreign ids, erase, 64-bit values") {
+TEST_CASE("IdMap: ids of any value, erase, 64-bit values") {
     TidMap m;
     m.set(5, 50);
-    m.set(int64_t{1} << 30, 7);  // beyond pid_max: the hash side
+    m.set(int64_t{1} << 30, 7);  // beyond pid_max (a foreign recording)
     m.set(-3, 9);
     CHECK(m.size() == 3);
     REQUIRE(m.find(5));
@@ -190,4 +194,49 @@ TEST_CASE("IdMap: flat ids, foreign ids, erase, 64-bit values") {
     CHECK(*times.find(3) == 0);
     CHECK(*times.find(70000) == 123456789012345ull);
     CHECK_FALSE(times.find(2));
+}
+
+TEST_CASE("IdMap against std::map: random sets and erases, probe runs that wrap, the INT64_MIN key") {
+    // Consecutive tids, tids a table size apart (same home slot), negative
+    // and huge keys: the backward-shift erase must keep every probe run whole.
+    std::mt19937_64 rng(12345);
+    for (int round = 0; round < 4; ++round) {
+        IdMap<uint32_t> m;
+        std::map<int64_t, uint32_t> ref;
+        std::vector<int64_t> keys;
+        for (int i = 0; i < 300; ++i) keys.push_back(100000 + i);
+        for (int i = 0; i < 100; ++i) keys.push_back(int64_t{i} * 64);      // collide in a 64-slot table
+        for (int i = 0; i < 50; ++i) keys.push_back(int64_t{i} * 1024 + 7); // and in larger ones
+        keys.push_back(-1);
+        keys.push_back(std::numeric_limits<int64_t>::min());
+        keys.push_back(std::numeric_limits<int64_t>::max());
+        keys.push_back(int64_t{1} << 40);
+        for (int op = 0; op < 20000; ++op) {
+            const int64_t k = keys[rng() % keys.size()];
+            switch (rng() % 3) {
+            case 0:
+            case 1: {
+                const uint32_t v = static_cast<uint32_t>(rng() % 1000);
+                m.set(k, v);
+                ref[k] = v;
+                break;
+            }
+            default:
+                m.erase(k);
+                ref.erase(k);
+            }
+            if (op % 97 == 0) {
+                REQUIRE(m.size() == ref.size());
+                for (int64_t q : keys) {
+                    const uint32_t* got = m.find(q);
+                    auto it = ref.find(q);
+                    REQUIRE((got != nullptr) == (it != ref.end()));
+                    if (got) REQUIRE(*got == it->second);
+                }
+            }
+        }
+        std::map<int64_t, uint32_t> seen;
+        m.for_each([&](int64_t k, uint32_t v) { CHECK(seen.emplace(k, v).second); });
+        CHECK(seen == ref);
+    }
 }

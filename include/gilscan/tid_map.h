@@ -7,16 +7,16 @@
 //   m.erase(tid);
 //   IdMap<uint64_t> last;   // e.g. cpu -> last event time
 //
-// Linux hands out ids below pid_max (at most 2^22): those are looked up in a
-// flat table grown on demand (sizeof(V) bytes per id up to the largest seen);
-// any other key (a corrupt or foreign recording) goes to a hash map. The
-// largest V is the flat table's "no entry" mark and cannot be stored.
+// An open-addressing hash table (linear probing, at most half full, erase by
+// backward shift: no tombstones). Its size follows the number of ids, not
+// their values: a recording holds some thousands of threads, but on a
+// machine with pid_max = 2^22 (systemd's default) their tids run into the
+// millions, and a table indexed by tid would be megabytes per map with
+// every lookup a cache miss. A thousand threads fit in 32 KB here.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 namespace gilscan {
@@ -24,51 +24,110 @@ namespace gilscan {
 template <class V>
 class IdMap {
 public:
-    static constexpr int64_t kFlatLimit = int64_t{1} << 22;  // PID_MAX_LIMIT on 64-bit kernels
-
     const V* find(int64_t key) const {
-        if (key >= 0 && key < kFlatLimit) {
-            const size_t k = static_cast<size_t>(key);
-            return k < flat_.size() && flat_[k] != kNone ? &flat_[k] : nullptr;
+        if (key == kEmpty) [[unlikely]]
+            return has_min_ ? &min_value_ : nullptr;
+        if (slots_.empty()) return nullptr;
+        for (size_t i = home(key);; i = (i + 1) & mask_) {
+            const Slot& s = slots_[i];
+            if (s.key == key) return &s.value;
+            if (s.key == kEmpty) return nullptr;
         }
-        auto it = other_.find(key);
-        return it == other_.end() ? nullptr : &it->second;
     }
     void set(int64_t key, V value) {
-        if (key >= 0 && key < kFlatLimit) {
-            const size_t k = static_cast<size_t>(key);
-            if (k >= flat_.size()) flat_.resize(std::max<size_t>(k + 1, flat_.size() * 2), kNone);
-            if (flat_[k] == kNone) ++size_;
-            flat_[k] = value;
+        if (key == kEmpty) [[unlikely]] {
+            size_ += !has_min_;
+            has_min_ = true;
+            min_value_ = value;
             return;
         }
-        if (other_.insert_or_assign(key, value).second) ++size_;
+        if ((used_ + 1) * 2 > slots_.size()) grow();
+        for (size_t i = home(key);; i = (i + 1) & mask_) {
+            Slot& s = slots_[i];
+            if (s.key == key) {
+                s.value = value;
+                return;
+            }
+            if (s.key == kEmpty) {
+                s = {key, value};
+                ++used_;
+                ++size_;
+                return;
+            }
+        }
     }
     void erase(int64_t key) {
-        if (key >= 0 && key < kFlatLimit) {
-            const size_t k = static_cast<size_t>(key);
-            if (k < flat_.size() && flat_[k] != kNone) {
-                flat_[k] = kNone;
-                --size_;
-            }
+        if (key == kEmpty) [[unlikely]] {
+            size_ -= has_min_;
+            has_min_ = false;
             return;
         }
-        size_ -= other_.erase(key);
+        if (slots_.empty()) return;
+        size_t i = home(key);
+        for (;; i = (i + 1) & mask_) {
+            if (slots_[i].key == key) break;
+            if (slots_[i].key == kEmpty) return;
+        }
+        // Backward shift: move later members of the probe run into the hole
+        // when their home does not lie cyclically in (hole, their slot].
+        for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
+            if (slots_[j].key == kEmpty) break;
+            const size_t h = home(slots_[j].key);
+            const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+            if (stays) continue;
+            slots_[i] = slots_[j];
+            i = j;
+        }
+        slots_[i].key = kEmpty;
+        --used_;
+        --size_;
     }
     size_t size() const { return size_; }
-    // Calls f(key, value) for every entry (flat keys ascending, then the rest).
+    // Calls f(key, value) for every entry, in no particular order.
     template <class F>
     void for_each(F&& f) const {
-        for (size_t k = 0; k < flat_.size(); ++k)
-            if (flat_[k] != kNone) f(static_cast<int64_t>(k), flat_[k]);
-        for (const auto& [k, v] : other_) f(k, v);
+        if (has_min_) f(kEmpty, min_value_);
+        for (const Slot& s : slots_)
+            if (s.key != kEmpty) f(s.key, s.value);
     }
 
 private:
-    static constexpr V kNone = std::numeric_limits<V>::max();
-    std::vector<V> flat_;
-    std::unordered_map<int64_t, V> other_;
-    size_t size_ = 0;
+    // No tid, pid or cpu is INT64_MIN (they are 32-bit): the empty mark. The
+    // key itself still works, held aside.
+    static constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();
+    struct Slot {
+        int64_t key;
+        V value;
+    };
+    size_t home(int64_t key) const {
+        // Fibonacci hashing: tids of one process are consecutive; the
+        // multiply spreads them over the table's top bits.
+        return static_cast<size_t>((static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> shift_);
+    }
+    void grow() {
+        std::vector<Slot> old;
+        old.swap(slots_);
+        const size_t n = old.empty() ? 64 : old.size() * 2;
+        slots_.assign(n, Slot{kEmpty, V{}});
+        mask_ = n - 1;
+        shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(n));
+        used_ = 0;
+        for (const Slot& s : old) {
+            if (s.key == kEmpty) continue;
+            size_t i = home(s.key);
+            while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
+            slots_[i] = s;
+            ++used_;
+        }
+    }
+
+    std::vector<Slot> slots_;
+    size_t mask_ = 0;
+    unsigned shift_ = 64;
+    size_t used_ = 0;  // occupied slots
+    size_t size_ = 0;  // entries, the INT64_MIN key included
+    bool has_min_ = false;
+    V min_value_{};
 };
 
 using TidMap = IdMap<uint32_t>;
