@@ -85,34 +85,6 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
     return fmt;
 }
 
-uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok) {
-    if (f.offset > raw.size() || f.size > raw.size() - f.offset) {
-        if (ok) *ok = false;
-        return 0;
-    }
-    const uint8_t* p = raw.data() + f.offset;
-    switch (f.size) {
-    case 1: return *p;
-    case 2: return load<uint16_t>(p, swap);
-    case 4: return load<uint32_t>(p, swap);
-    case 8: return load<uint64_t>(p, swap);
-    default:
-        if (ok) *ok = false;
-        return 0;
-    }
-}
-
-int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok) {
-    uint64_t v = read_uint(raw, f, swap, ok);
-    if (!f.is_signed) return static_cast<int64_t>(v);
-    switch (f.size) {
-    case 1: return static_cast<int8_t>(v);
-    case 2: return static_cast<int16_t>(v);
-    case 4: return static_cast<int32_t>(v);
-    default: return static_cast<int64_t>(v);
-    }
-}
-
 std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok) {
     uint64_t off = f.offset, len = f.size;
     if (f.data_loc || f.rel_loc) {

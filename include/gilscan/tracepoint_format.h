@@ -49,8 +49,35 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
 
 // Readers return 0 / "" when the field lies outside `raw` (a short record is
 // per-sample trouble, not a fatal error); `ok` reports it when given.
-uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
-int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
+// Inline: the decoder reads five of these per sched_switch.
+inline uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+    if (f.offset > raw.size() || f.size > raw.size() - f.offset) [[unlikely]] {
+        if (ok) *ok = false;
+        return 0;
+    }
+    const uint8_t* p = raw.data() + f.offset;
+    switch (f.size) {
+    case 1: return *p;
+    case 2: return load<uint16_t>(p, swap);
+    case 4: return load<uint32_t>(p, swap);
+    case 8: return load<uint64_t>(p, swap);
+    default:
+        if (ok) *ok = false;
+        return 0;
+    }
+}
+
+inline int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+    const uint64_t v = read_uint(raw, f, swap, ok);
+    if (!f.is_signed) return static_cast<int64_t>(v);
+    switch (f.size) {
+    case 1: return static_cast<int8_t>(v);
+    case 2: return static_cast<int16_t>(v);
+    case 4: return static_cast<int32_t>(v);
+    default: return static_cast<int64_t>(v);
+    }
+}
+
 std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
 
 }  // namespace gilscan
