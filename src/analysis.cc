@@ -51,22 +51,22 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     GilTracker gil(trace.get());
     Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);
     auto by_probes = gil_probe_classifier(gil);
-    std::string evidence_used;
-    timeline.set_classifier([&](const Sample& s, const EventInfo& ev, const PrevState& ps) {
-        const bool probes = opt.gil_evidence == "probes" || (opt.gil_evidence == "auto" && gil.seen_probes());
-        if (probes) {
-            if (gil.seen_probes()) evidence_used = "uprobes";
-            return by_probes(s, ev, ps);
+    // Called at every switch-out into S or D: nothing here allocates.
+    const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
+    bool used_probes = false, used_stacks = false;
+    timeline.set_classifier([&](const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        if (only_probes || (auto_evidence && gil.seen_probes())) {
+            used_probes |= gil.seen_probes();
+            by_probes(s, ev, ps, label);
+            return;
         }
-        if (s.regs_user_abi == 0 || s.stack_user.empty()) return SleepLabel{};
-        evidence_used = "stacks";
+        if (s.regs_user_abi == 0 || s.stack_user.empty()) return;
+        used_stacks = true;
         if (parallel) {
-            if (ps.cls != StateClass::Sleeping) return SleepLabel{};
-            SleepLabel pending;
-            pending.ticket = parallel->submit(maps.snapshot(s.pid), s);
-            return pending;
+            if (ps.cls == StateClass::Sleeping) label.ticket = parallel->submit(maps.snapshot(s.pid), s);
+            return;
         }
-        return stacks.classify(s, ev, ps);
+        stacks.classify(s, ev, ps, label);
     });
     if (parallel) timeline.set_resolver([&](int64_t t, bool wait) { return parallel->resolve(t, wait); });
     FanOut stages({&maps, &gil, &timeline});
@@ -88,6 +88,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
                                    std::to_string(sst.sleeps_seen) +
                                    " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
     // Stacks that reached no CPython frame (binaries missing) tell nothing.
+    // Probes, once seen, decide every later sleep ("auto"): they win.
+    std::string evidence_used = used_probes ? "uprobes" : used_stacks ? "stacks" : "";
     if (evidence_used == "stacks" && sst.decided == 0) evidence_used.clear();
     if (!evidence_used.empty() && timeline.sched_events() > 0) {
         summary.gil_sleep_known = true;

@@ -209,15 +209,20 @@ std::vector<GilProcessStats> GilTracker::processes() const {
 namespace gilscan {
 
 SleepClassifier gil_probe_classifier(const GilTracker& gil) {
-    return [&gil](const Sample& s, const EventInfo&, const PrevState& ps) {
-        SleepLabel l;
-        if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return l;
+    return [&gil](const Sample& s, const EventInfo&, const PrevState& ps, SleepLabel& l) {
+        if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return;
         switch (gil.state(s.tid)) {
-        case GilState::Waiting: l = {"S(GIL)", "inside take_gil (uprobe)", true, {}}; break;
-        case GilState::Dropping: l = {"S(GIL handoff)", "inside drop_gil (uprobe)", false, {}}; break;
+        case GilState::Waiting:
+            l.name = "S(GIL)";
+            l.evidence = "inside take_gil (uprobe)";
+            l.gil = true;
+            break;
+        case GilState::Dropping:
+            l.name = "S(GIL handoff)";
+            l.evidence = "inside drop_gil (uprobe)";
+            break;
         default: break;
         }
-        return l;
     };
 }
 

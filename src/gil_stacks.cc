@@ -182,15 +182,9 @@ bool GilStackClassifier::maps_python(const AddressSpace& as) {
     return python;
 }
 
-SleepLabel GilStackClassifier::classify(const Sample& s, const EventInfo&, const PrevState& ps) {
-    if (ps.cls != StateClass::Sleeping) return {};
-    return classify_in(maps_ ? maps_->space(s.pid) : nullptr, s);
-}
-
-SleepLabel GilStackClassifier::classify_in(const AddressSpace* as, const Sample& s) {
-    SleepLabel label;
-    classify_into(as, s, label);
-    return label;
+void GilStackClassifier::classify(const Sample& s, const EventInfo&, const PrevState& ps, SleepLabel& label) {
+    if (ps.cls != StateClass::Sleeping) return;
+    classify_into(maps_ ? maps_->space(s.pid) : nullptr, s, label);
 }
 
 void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label) {
@@ -235,7 +229,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     }
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
-    UnwindStatus st = unwinder_.unwind(*as, s, [&](const Frame& f) {
+    auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
         if (stack_frames_ && f.mapping) add_json(user_frame_json(*as, layout, f));
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
@@ -257,7 +251,10 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
             ++stats_.handoff;
         }
         return stack_frames_ ? FrameAction::Continue : FrameAction::Stop;  // with stacks: the whole stack
-    }, max_frames);
+    };
+    // By reference: a std::function holding the lambda itself (larger than
+    // its inline buffer) would allocate once per sleep.
+    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_frames);
     if (!stack.empty()) stack += ']';
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on
     switch (st) {
@@ -370,7 +367,8 @@ void ParallelStackClassifier::hand_staged() {
 void ParallelStackClassifier::take_back(std::unique_ptr<Job>& job) {
     // A label waits in ready_ until its span is emitted, which can be long
     // after the wake-up; the job (and its stack copy) is reused at once. The
-    // label is copied, not moved: its strings stay with the job to be refilled.
+    // label is copied, not moved: its strings stay with the job to be refilled
+    // (in the worker's malloc arena: moved, they would be freed on this thread).
     ready_.emplace(job->ticket, job->label);
     job->space.reset();  // the snapshot is released on this thread
     spare_.push_back(std::move(job));

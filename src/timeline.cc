@@ -171,7 +171,7 @@ void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> a
     }
     th.waker = -1;
     th.preempted = false;
-    th.label = SleepLabel{};
+    th.label.clear();
 }
 
 void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s,
@@ -191,7 +191,8 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
     case StateClass::Sleeping:
     case StateClass::DiskSleep: {
         th.state = ps.cls == StateClass::Sleeping ? SpanKind::Sleep : SpanKind::DiskSleep;
-        if (classifier_) th.label = classifier_(s, ev, ps);
+        th.label.clear();
+        if (classifier_) classifier_(s, ev, ps, th.label);
         if (th.label.name.empty() && th.label.ticket < 0) th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
         // try_to_wake_up on another CPU can trace sched_waking just before
         // this switch-out is traced: the sleep is over as soon as it starts.

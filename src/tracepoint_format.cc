@@ -88,14 +88,12 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
 std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok) {
     uint64_t off = f.offset, len = f.size;
     if (f.data_loc || f.rel_loc) {
-        bool good = true;
-        TpField u = f;
-        u.size = 4;
-        uint32_t loc = static_cast<uint32_t>(read_uint(raw, u, swap, &good));
-        if (!good) {
+        // The field itself is a u32: offset (low 16 bits) and length.
+        if (f.offset > raw.size() || raw.size() - f.offset < 4) {
             if (ok) *ok = false;
             return {};
         }
+        const uint32_t loc = load<uint32_t>(raw.data() + f.offset, swap);
         off = loc & 0xffff;
         len = loc >> 16;
         if (f.rel_loc) off += f.offset + 4;

@@ -3,7 +3,7 @@
 // FORCE_SWITCHING wait on switch_cond), S otherwise.
 //
 //   ProcessMaps maps; ModuleCache mods(opts); GilStackClassifier gsc(maps, mods);
-//   timeline.set_classifier([&](auto& s, auto& ev, auto& ps) { return gsc.classify(s, ev, ps); });
+//   timeline.set_classifier([&](auto& s, auto& ev, auto& ps, auto& label) { gsc.classify(s, ev, ps, label); });
 //   gsc.stats().decided, gsc.stats().failed ...
 //
 // Only switch-outs into S of a thread whose process maps a CPython are
@@ -87,10 +87,10 @@ public:
     GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
                        std::string kernel_release = "", std::shared_ptr<NameCache> names = nullptr);
 
-    SleepLabel classify(const Sample& s, const EventInfo& ev, const PrevState& ps);
-    // The same, for a sleep switch-out, in a given address space (worker threads).
-    SleepLabel classify_in(const AddressSpace* as, const Sample& s);
-    // The same into a label whose strings are reused (a worker's recycled job).
+    // A SleepClassifier: sleeps ("S") only, in the sample's process.
+    void classify(const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label);
+    // A sleep switch-out in a given address space (worker threads), into a
+    // label whose strings are reused.
     void classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label);
     const StackStats& stats() const { return stats_; }
 

@@ -49,6 +49,15 @@ struct SleepLabel {
     bool gil = false;       // counts towards gil_sleep_us
     std::string stack_json; // optional: the symbolized stack, a JSON array
     int64_t ticket = -1;    // >= 0: decided later (-j): the timeline resolves it when it emits the span
+    // Back to "nothing known", keeping the strings' capacity: a thread's label
+    // is rewritten at every switch-out without allocating.
+    void clear() {
+        name.clear();
+        evidence.clear();
+        gil = false;
+        stack_json.clear();
+        ticket = -1;
+    }
 };
 
 struct Span {
@@ -87,7 +96,9 @@ struct ThreadStats {
     bool monitored = false;  // seen as the current task of a sample: its events are recorded
 };
 
-using SleepClassifier = std::function<SleepLabel(const Sample&, const EventInfo&, const PrevState&)>;
+// Labels a sleep or disk sleep at its switch-out: writes into `label`, which
+// arrives cleared (and keeps its capacity from the thread's earlier sleeps).
+using SleepClassifier = std::function<void(const Sample&, const EventInfo&, const PrevState&, SleepLabel& label)>;
 
 class Timeline : public EventSink {
 public:
