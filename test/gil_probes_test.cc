@@ -6,45 +6,6 @@
 using namespace gilscan;
 using namespace gilscan::test;
 
-namespace {
-
-std::string probe_format(const std::string& name, uint32_t id, bool ret) {
-    std::string f = "name: " + name + "\nID: " + std::to_string(id) + "\nformat:\n"
-                    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
-                    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
-                    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
-                    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n";
-    if (ret)
-        f += "\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n"
-             "\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n\n"
-             "print fmt: \"(%lx <- %lx)\", REC->__probe_func, REC->__probe_ret_ip\n";
-    else
-        f += "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\n"
-             "print fmt: \"(%lx)\", REC->__probe_ip\n";
-    return f;
-}
-
-struct GilRecording {
-    SchedRecording r;
-    int take, take_ret, drop, drop_ret;
-    explicit GilRecording(const std::string& group = "python", const std::string& suffix = "") {
-        take = r.w.add_tracepoint(group, probe_format("take_gil" + suffix, 2001, false), kTpSampleType);
-        take_ret = r.w.add_tracepoint(group, probe_format("take_gil" + suffix + "__return", 2002, true), kTpSampleType);
-        drop = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix, 2003, false), kTpSampleType);
-        drop_ret = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix + "__return", 2004, true), kTpSampleType);
-    }
-    void ev(int which, uint64_t t, int32_t tid, int32_t pid = 10) {
-        TestSample s;
-        s.pid = pid;
-        s.tid = tid;
-        s.time = t;
-        s.raw = r.w.raw(which, {});
-        r.w.sample(which, s);
-    }
-};
-
-}  // namespace
-
 TEST_CASE("wait = take_gil entry..return, held = return..next drop_gil entry, per thread") {
     for (const auto& gs : {std::pair<std::string, std::string>{"python", ""}, {"g39", "_1"}}) {
         const std::string& group = gs.first;

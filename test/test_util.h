@@ -53,6 +53,44 @@ struct SchedRecording {
     }
 };
 
+// A uprobe's format as perf probe writes it (take_gil, take_gil__return, ...).
+inline std::string probe_format(const std::string& name, uint32_t id, bool ret) {
+    std::string f = "name: " + name + "\nID: " + std::to_string(id) + "\nformat:\n"
+                    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+                    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+                    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n";
+    if (ret)
+        f += "\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n"
+             "\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+             "print fmt: \"(%lx <- %lx)\", REC->__probe_func, REC->__probe_ret_ip\n";
+    else
+        f += "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\n"
+             "print fmt: \"(%lx)\", REC->__probe_ip\n";
+    return f;
+}
+
+// A scheduler recording with GIL uprobes (entry and return of take_gil and drop_gil).
+struct GilRecording {
+    SchedRecording r;
+    int take, take_ret, drop, drop_ret;
+    explicit GilRecording(const std::string& group = "python", const std::string& suffix = "") {
+        take = r.w.add_tracepoint(group, probe_format("take_gil" + suffix, 2001, false), kTpSampleType);
+        take_ret = r.w.add_tracepoint(group, probe_format("take_gil" + suffix + "__return", 2002, true), kTpSampleType);
+        drop = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix, 2003, false), kTpSampleType);
+        drop_ret = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix + "__return", 2004, true), kTpSampleType);
+    }
+    void ev(int which, uint64_t t, int32_t tid, int32_t pid = 10) {
+        TestSample s;
+        s.pid = pid;
+        s.tid = tid;
+        s.time = t;
+        s.raw = r.w.raw(which, {});
+        r.w.sample(which, s);
+    }
+};
+
+
 struct CollectedSpan {
     int32_t tgid, tid;
     uint64_t start, end;
@@ -136,7 +174,9 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     ModuleCache modules(mo);
     GilStackClassifier gsc(&maps, modules);
     Timeline tl(s, a.spans);
-    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps) { return gsc.classify(smp, ev, ps); });
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        gsc.classify(smp, ev, ps, label);
+    });
     FanOut stages({&maps, &tl});
     s.run(stages);
     tl.finish(s.stats().last_time);
