@@ -61,6 +61,7 @@ MappedFile::~MappedFile() {
 size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n) const {
     if (offset >= size_) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
+    if (n == 0) return 0;  // dst may be an empty buffer's null pointer: no memcpy with it
     if (fd_ < 0) {
         std::memcpy(dst, data_ + offset, n);
         return n;
