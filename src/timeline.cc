@@ -136,9 +136,10 @@ void Timeline::drain(bool wait) {
         if (p.ticket >= 0) {
             std::optional<SleepLabel> l = resolver_(p.ticket, wait);
             if (!l) return;
-            if (!l->name.empty()) p.name = l->name;
-            p.evidence = l->evidence;
-            p.stack = l->stack_json;
+            // The label is this span's alone: its strings are taken, not copied.
+            if (!l->name.empty()) p.name = std::move(l->name);
+            p.evidence = std::move(l->evidence);
+            p.stack = std::move(l->stack_json);
             const uint64_t d = p.span.end - p.span.start;
             p.st->sleep_ns += d;
             ++p.st->sleep_count;
