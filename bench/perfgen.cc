@@ -47,6 +47,9 @@ struct Args {
     uint64_t seed = 42;
 };
 
+// --processes, or one process per 16 threads.
+unsigned processes_of(const Args& a) { return a.processes ? a.processes : std::max(1u, a.threads / 16); }
+
 struct Buf {
     std::vector<uint8_t> b;
     template <class T>
@@ -319,7 +322,7 @@ public:
     // Runs the simulation; `flush` receives each round's bytes (records + FINISHED_ROUND).
     template <class Flush>
     void run(Flush&& flush) {
-        const unsigned nproc = a_.processes ? a_.processes : std::max(1u, a_.threads / 16);
+        const unsigned nproc = processes_of(a_);
         const uint64_t end_time = a_.seconds > 0 ? static_cast<uint64_t>(a_.seconds * 1e9) : ~uint64_t{0};
         const uint64_t t0 = 1'000'000'000'000ull;  // a plausible CLOCK_MONOTONIC start
         threads_.reserve(a_.threads);
@@ -551,7 +554,7 @@ int main(int argc, char** argv) {
     if (a.cpus == 0 || a.threads == 0) usage("--cpus and --threads must be positive");
     {
         // pids are pid_base + 1000 * process, tids count up from there (4194304 = pid_max's limit).
-        const unsigned nproc = a.processes ? a.processes : std::max(1u, a.threads / 16);
+        const unsigned nproc = processes_of(a);
         const int64_t last = int64_t{a.pid_base} + int64_t{1000} * nproc;
         if (a.pid_base <= 0 || last >= (int64_t{1} << 22) || (a.threads - 1) / nproc >= 1000)
             usage("--pid-base: pids must stay in 1..4194303, at most 1000 threads per process");

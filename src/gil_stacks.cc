@@ -188,13 +188,10 @@ void GilStackClassifier::classify(const Sample& s, const EventInfo&, const PrevS
 }
 
 void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label) {
-    // Assigned field by field: a worker's recycled label keeps its strings'
-    // capacity, so a warm worker allocates nothing per sleep here.
-    label.name.clear();
-    label.evidence.clear();
-    label.stack_json.clear();
-    label.gil = false;
-    label.ticket = -1;
+    // Cleared, not replaced: a recycled label (a worker's job, a thread's
+    // own) keeps its strings' capacity, so a warm classifier allocates
+    // nothing per sleep here.
+    label.clear();
     ++stats_.sleeps_seen;
     if (s.regs_user_abi == 0 || s.stack_user.empty()) {
         ++stats_.no_stack;

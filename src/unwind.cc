@@ -302,10 +302,9 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
                 break;
             }
         }
-        // The outermost frame: the return address is undefined, or zero.
-        if (rule.reg_kind[CfiRule::kRa] == CfiRule::Undefined) return UnwindStatus::Complete;
-        if (!next_have[CfiRule::kRa]) return UnwindStatus::Complete;
-        if (next[CfiRule::kRa] == 0) return UnwindStatus::Complete;
+        // The outermost frame: the return address is undefined (or unset, or
+        // unreadable: left out of next_have above), or zero.
+        if (!next_have[CfiRule::kRa] || next[CfiRule::kRa] == 0) return UnwindStatus::Complete;
         for (int r = 0; r < CfiRule::kRegs; ++r) {
             regs[r] = next[r];
             have[r] = next_have[r];
