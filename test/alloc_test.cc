@@ -1,6 +1,6 @@
 // The hot path allocates nothing per event: the same recording with twice
 // as many scheduler events and GIL-labelled sleeps must not take (nearly)
-// twice as many heap allocations. Counted by replacing operator new in this
+// twice as many heap allocations, and a warm stack classifier none per sleep. Counted by replacing operator new in this
 // executable of its own (not built under sanitizers, which replace it too).
 #include <doctest/doctest.h>
 
@@ -11,7 +11,10 @@
 #include <cstdio>
 #include <memory>
 
+#include "gilscan/gil_stacks.h"
+#include "gilscan/modules.h"
 #include "gilscan/output_file.h"
+#include "gilscan/process_maps.h"
 #include "gilscan/trace_writer.h"
 #include "test_util.h"
 
@@ -110,4 +113,34 @@ TEST_CASE("no heap allocation per event: decoding, GIL tracker, timeline, probe 
         // 26,000 more events: only vectors growing (a few doublings) may allocate.
         CHECK(large.allocations < small.allocations + 100);
     }
+}
+
+TEST_CASE("no heap allocation per sleep stack once warm: the DWARF classifier (real recording)") {
+    // Each sleep's stack is classified twice in a row: the first call warms
+    // what a new stack may add (modules, CFI rules of new pcs, the label's
+    // capacity); the second must then allocate nothing. (libdw's own mallocs,
+    // where the cached rules stop, are not operator new and not counted.)
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    GilStackClassifier gsc(&maps, modules);
+    CountingSink sink;
+    Timeline tl(s, sink);
+    uint64_t sleeps = 0, second_calls = 0;
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        gsc.classify(smp, ev, ps, label);
+        if (ps.cls != StateClass::Sleeping) return;
+        ++sleeps;
+        const uint64_t before = g_news.load();
+        gsc.classify(smp, ev, ps, label);
+        second_calls += g_news.load() - before;
+    });
+    FanOut stages({&maps, &tl});
+    s.run(stages);
+    CAPTURE(sleeps);
+    CHECK(sleeps > 100);
+    CHECK(gsc.stats().decided > 100);  // stacks really reached CPython frames
+    CHECK(sink.gil_sleeps > 0);
+    CHECK(second_calls == 0);
 }
