@@ -1,8 +1,10 @@
 #include "gilscan/gil_stacks.h"
 
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -93,21 +95,22 @@ std::string KernelSymbols::name(uint64_t addr) const {
     return std::string(best) + buf;
 }
 
-GilStackClassifier::NameCache::NameCache(const std::string& kernel_release, bool kernel_names) {
+GilStackClassifier::NameCache::NameCache(const std::string& kernel_release, bool kernel_names, bool background) {
     if (!kernel_names) return;
-    ksyms = std::async(std::launch::async, [kernel_release] {
+    ksyms = std::async(background ? std::launch::async : std::launch::deferred, [kernel_release] {
                 return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(kernel_release));
             }).share();
 }
 
 GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames,
-                                       std::string kernel_release, std::shared_ptr<NameCache> names)
+                                       std::string kernel_release, std::shared_ptr<NameCache> names,
+                                       bool background)
     : maps_(maps),
       modules_(modules),
       unwinder_(modules),
       stack_frames_(stack_frames),
       shared_names_(names != nullptr),
-      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0)),
+      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0, background)),
       ksyms_(names_->ksyms) {}
 
 namespace {
@@ -132,8 +135,13 @@ const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
     // Waits for the background read of /proc/kallsyms the first time (on this
     // classifier's own copy of the future, outside the lock).
     static const KernelSymbols kNone("");  // a cache made without kernel names: addresses only
+    if (!shared_names_) {  // a cache of its own is this thread's alone: no lock
+        auto it = names_->kernel.find(ip);
+        if (it != names_->kernel.end()) return it->second;
+    }
     const KernelSymbols& ksyms = ksyms_.valid() ? *ksyms_.get() : kNone;
-    std::unique_lock<std::mutex> l(names_->mu);
+    std::unique_lock<std::mutex> l(names_->mu, std::defer_lock);
+    if (shared_names_) l.lock();
     auto sh = names_->kernel.find(ip);
     if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip)})).first;
     if (!shared_names_) return sh->second;
@@ -149,7 +157,8 @@ const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, u
         auto it = local->find(f.pc);
         if (it != local->end()) return it->second;
     }
-    std::unique_lock<std::mutex> l(names_->mu);
+    std::unique_lock<std::mutex> l(names_->mu, std::defer_lock);
+    if (shared_names_) l.lock();
     auto& shared = names_->names[layout];
     auto sh = shared.find(f.pc);
     if (sh == shared.end()) {
@@ -211,7 +220,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         stack += stack.empty() ? "[" : ",";
         stack += fragment;
     };
-    if (stack_frames_) {
+    auto add_kernel_frames = [&] {
         // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
         bool kernel = false;
         for (size_t i = 0; i < s.callchain.size(); ++i) {
@@ -223,7 +232,14 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
             }
             if (kernel) add_json(kernel_frame_json(ip));
         }
-    }
+    };
+    // While /proc/kallsyms is still being read (the first sleeps), the user
+    // frames come first: loading the modules' DWARF for their names then
+    // overlaps that read instead of following it. The text is the same.
+    // (A deferred read, -j 1, happens at the first kernel frame: nothing to overlap.)
+    const bool kernel_last =
+        stack_frames_ && ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
+    if (stack_frames_ && !kernel_last) add_kernel_frames();
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     auto on_frame = [&](const Frame& f) {
@@ -252,6 +268,15 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
     UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_frames);
+    if (kernel_last) {
+        std::string user = std::move(stack);  // "[" and the user frames, or empty
+        stack.clear();
+        add_kernel_frames();
+        if (stack.empty())
+            stack = std::move(user);
+        else if (!user.empty())
+            stack.append(user, 0, std::string::npos).replace(stack.size() - user.size(), 1, ",");
+    }
     if (!stack.empty()) stack += ']';
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on
     switch (st) {
@@ -443,18 +468,7 @@ StackStats ParallelStackClassifier::stats() const {
     StackStats t;
     std::vector<const GilStackClassifier*> all{here_.get()};
     for (const auto& w : workers_) all.push_back(w->gsc.get());
-    for (const GilStackClassifier* c : all) {
-        const StackStats& s = c->stats();
-        t.sleeps_seen += s.sleeps_seen;
-        t.not_python += s.not_python;
-        t.no_stack += s.no_stack;
-        t.decided += s.decided;
-        t.complete += s.complete;
-        t.stopped_early += s.stopped_early;
-        t.failed += s.failed;
-        t.gil += s.gil;
-        t.handoff += s.handoff;
-    }
+    for (const GilStackClassifier* c : all) t += c->stats();
     return t;
 }
 

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <chrono>
+#include <future>
+#include <mutex>
 #include <thread>
 
 #include <sys/utsname.h>
@@ -138,4 +141,54 @@ TEST_CASE("one module cache shared by threads loads each binary once") {
     REQUIRE(seen[0] != nullptr);
     for (const Module* m : seen) CHECK(m == seen[0]);
     CHECK(modules.problems().size() == 1);  // the missing one, named once
+}
+
+TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (user frames named first)") {
+    // The first sleeps usually come before the background read of the kernel
+    // symbols is done: the classifier then names the user frames first (the
+    // modules' DWARF loads meanwhile) and puts the kernel frames in front
+    // after. Here the read is held back until the user frames of the first
+    // sleep have been named, and every label must equal a classifier's whose
+    // kernel symbols were there from the start.
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    const std::string release = s.features().os_release;
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    GilStackClassifier ready(&maps, modules, 64, release, nullptr, /*background=*/false);
+    auto names = std::make_shared<GilStackClassifier::NameCache>(release, false);
+    std::promise<std::shared_ptr<const KernelSymbols>> later;
+    names->ksyms = later.get_future().share();
+    GilStackClassifier held(&maps, modules, 64, release, names);
+    bool user_names_first = false;
+    std::thread reader([&] {
+        for (int i = 0; i < 2000 && !user_names_first; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::lock_guard<std::mutex> l(names->mu);
+            for (const auto& [layout, pcs] : names->names) user_names_first |= !pcs.empty();
+        }
+        later.set_value(std::make_shared<KernelSymbols>(release));
+    });
+    Collect sink;
+    Timeline tl(s, sink);
+    uint64_t sleeps = 0, same = 0, stacks = 0, with_kernel = 0;
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        SleepLabel other;
+        ready.classify(smp, ev, ps, label);
+        held.classify(smp, ev, ps, other);
+        if (ps.cls != StateClass::Sleeping) return;
+        ++sleeps;
+        same += label.name == other.name && label.evidence == other.evidence && label.stack_json == other.stack_json;
+        if (label.stack_json.empty()) return;
+        ++stacks;
+        with_kernel += label.stack_json.rfind("[\"", 0) == 0 && label.stack_json.find("([kernel])") != std::string::npos;
+    });
+    FanOut stages({&maps, &tl});
+    s.run(stages);
+    reader.join();
+    CHECK(user_names_first);
+    CHECK(sleeps > 100);
+    CHECK(same == sleeps);
+    CHECK(stacks > 100);
+    CHECK(with_kernel == stacks);  // every stack has its kernel part
 }

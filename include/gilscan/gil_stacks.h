@@ -41,6 +41,18 @@ struct StackStats {
     uint64_t stopped_early = 0;   // unwinding stopped before a CPython frame
     uint64_t failed = 0;          // no frame beyond the first
     uint64_t gil = 0, handoff = 0;
+    StackStats& operator+=(const StackStats& o) {
+        sleeps_seen += o.sleeps_seen;
+        not_python += o.not_python;
+        no_stack += o.no_stack;
+        decided += o.decided;
+        complete += o.complete;
+        stopped_early += o.stopped_early;
+        failed += o.failed;
+        gil += o.gil;
+        handoff += o.handoff;
+        return *this;
+    }
 };
 
 // Kernel symbols from this machine's /proc/kallsyms, used for the kernel
@@ -72,7 +84,8 @@ public:
     // background thread as soon as the cache is made (that read costs tens
     // of milliseconds of kernel time).
     struct NameCache {
-        NameCache(const std::string& kernel_release, bool kernel_names);
+        // background = false: read on first use, on the thread that needs it (-j 1).
+        NameCache(const std::string& kernel_release, bool kernel_names, bool background = true);
         std::mutex mu;  // the maps and the symbolizer
         // layout -> pc -> the frame's names as JSON strings ("a","b"), escaped once
         std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> names;
@@ -84,8 +97,10 @@ public:
     // stack_frames > 0: also attach the symbolized stack (kernel frames from
     // CALLCHAIN, then up to that many user frames) to every sleep's label.
     // `names`: a cache shared with other classifiers (default: its own).
+    // `background`: for a cache of its own, whether /proc/kallsyms is read on a thread of its own.
     GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
-                       std::string kernel_release = "", std::shared_ptr<NameCache> names = nullptr);
+                       std::string kernel_release = "", std::shared_ptr<NameCache> names = nullptr,
+                       bool background = true);
 
     // A SleepClassifier: sleeps ("S") only, in the sample's process.
     void classify(const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label);
