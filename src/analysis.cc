@@ -19,9 +19,17 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     Session session(opt.input);
     if (opt.progress) session.set_progress(opt.progress);
 
+    // -j 1: everything on this one thread (records read inline, the trace
+    // written as it is made, kernel symbols read when first needed). -j 2
+    // and up: the reader thread (for data sections from 4 MiB), a thread
+    // that writes the trace, and kernel symbols read in the background.
+    const bool one_thread = opt.jobs <= 1;
+    if (one_thread) session.set_threaded(false);
+    else if (opt.reader_thread) session.set_threaded(*opt.reader_thread);
+
     // Outputs are opened up front but only committed when everything worked.
     std::unique_ptr<OutputFile> trace_out;
-    if (!opt.output.empty()) trace_out = std::make_unique<OutputFile>(opt.output);
+    if (!opt.output.empty()) trace_out = std::make_unique<OutputFile>(opt.output, !one_thread);
     struct NullSink : SpanSink {
         void span(const Span&) override {}
     } null_sink;
@@ -36,17 +44,19 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     mopt.symfs = opt.symfs;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
-    // -j N: sleep stacks unwound and symbolized on N workers while this
-    // thread decodes. Only for --sleep-stacks: classifying a sleep alone
+    // -j 3 and up with --sleep-stacks: sleep stacks unwound and symbolized
+    // on jobs - 2 workers while this thread decodes (the reader being the
+    // second thread). Only for --sleep-stacks: classifying a sleep alone
     // (unwinding to its first CPython frame by cached CFI rules) takes about
     // a microsecond, less than copying its stack to a worker.
-    const bool workers = opt.jobs > 1 && opt.sleep_stacks > 0;
+    const bool workers = opt.jobs > 2 && opt.sleep_stacks > 0;
     // (With workers this one is unused, and reads no kernel symbols.)
-    GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release);
+    GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release,
+                              nullptr, !one_thread);
 
     std::unique_ptr<ParallelStackClassifier> parallel;
     if (workers)
-        parallel = std::make_unique<ParallelStackClassifier>(opt.jobs, mopt, opt.sleep_stacks,
+        parallel = std::make_unique<ParallelStackClassifier>(opt.jobs - 2, mopt, opt.sleep_stacks,
                                                              session.features().os_release);
     GilTracker gil(trace.get());
     Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);

@@ -241,6 +241,9 @@ int batch_main(int argc, char** argv) {
                 }
                 o.symfs = symfs;
                 o.gil_evidence = evidence;
+                // The threads split between the recordings analysed at once:
+                // many recordings, one thread each; fewer than -j, several.
+                o.jobs = std::max(1u, jobs / static_cast<unsigned>(std::min<size_t>(jobs, inputs.size())));
                 if (!traces_dir.empty()) o.output = (fs::path(traces_dir) / trace_name(r.path, i)).string();
                 r.summary = analyse_recording(o);
                 r.summary.file = r.path;

@@ -43,11 +43,13 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
                            the DWARF-unwound stack of the switch-out (auto: uprobes
                            when the recording has them, else stacks)
- -j, --jobs N             with --sleep-stacks, unwind and symbolize on N worker
-                           threads (default 1; 0 = all cores); byte-identical to -j 1
-                           (without --sleep-stacks a sleep is classified in about a
-                           microsecond on the decoding thread: workers would only
-                           add copying, so -j is not used)
+ -j, --jobs N             threads to use (default and 0: all cores). 1: one
+                           thread does everything. 2: one thread reads the
+                           recording while another runs the stages, and the
+                           trace is written by a thread that mostly waits on
+                           the disk. 3 and up, with --sleep-stacks: N-2 more
+                           threads unwind and symbolize the sleeps' stacks.
+                           The results are byte-identical whatever N is
       --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
                            frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
@@ -73,10 +75,7 @@ struct Options {
     std::string gil_evidence = "auto";
     std::string symfs;
     unsigned sleep_stacks = 0;
-    // Measured (README, Benchmarks): unwinding to the first CPython frame is
-    // cheap, and the parallel path's second pass costs more than it saves on
-    // 2 cores, so one thread unless -j says otherwise.
-    unsigned jobs = 1;
+    unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
     std::unordered_set<int32_t> pids;
 };
 

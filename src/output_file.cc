@@ -29,7 +29,7 @@ struct OutputFile::Codec {
     }
 };
 
-OutputFile::OutputFile(std::string path) : path_(std::move(path)), buf_(kBufferSize) {
+OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(path)), buf_(kBufferSize) {
     if (path_ == "-") {
         stdout_ = true;
         std::fflush(stdout);
@@ -57,6 +57,7 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)), buf_(kBufferS
         if (fd_ < 0) fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
     }
+    if (!writer_thread) return;
     writer_ = std::thread([this] {
         pthread_setname_np(pthread_self(), "gilscan-write");
         writer_loop();
@@ -131,6 +132,12 @@ void OutputFile::hand_off() {
     const size_t send = direct_ ? used_ / kDirectBlock * kDirectBlock : used_;
     if (send == 0) return;
     const size_t tail = used_ - send;
+    if (!writer_.joinable()) {  // no writer thread: written here, the tail moved to the front
+        sink(reinterpret_cast<const char*>(buf_.data()), send, false);
+        if (tail) std::memmove(buf_.data(), buf_.data() + send, tail);
+        used_ = tail;
+        return;
+    }
     ChunkBytes next;
     {
         std::lock_guard<std::mutex> l(mu_);

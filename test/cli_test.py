@@ -121,16 +121,19 @@ with tempfile.TemporaryDirectory() as tmp:
     w = lines[0]["warnings"]
     check(w.count("libpython3.11.so.1.0: not found") == 1, f"missing module said once ({w[:300]})")
 
-    # -j: stacks unwound on worker threads give byte-identical results
+    # -j: one thread, the reader and writer threads, stacks unwound on worker
+    # threads: byte-identical results (the default is all cores)
     outs = []
-    for j in ("1", "2", "5"):
+    for j in ("1", "2", "3", "5", None):
         t_, s_ = os.path.join(tmp, f"j{j}.json"), os.path.join(tmp, f"j{j}.s.json")
-        r = run(os.path.join(DATA, "stacks_zstd.data"), "-j", j, "-q", "--sleep-stacks", "16", "-o", t_,
-                "--summary-json", s_)
+        r = run(os.path.join(DATA, "stacks_zstd.data"), *(("-j", j) if j else ()), "-q", "--sleep-stacks", "16",
+                "-o", t_, "--summary-json", s_)
         check(r.returncode == 0, f"-j {j}")
         outs.append((open(t_, "rb").read(), open(s_, "rb").read()))
     check(outs[0] == outs[1], "-j 1 and -j 2 give byte-identical traces and summaries")
-    check(outs[0] == outs[2], "-j 5 (more workers than cores, part-filled job batches) too")
+    check(outs[0] == outs[2], "-j 3 (one unwinding worker) too")
+    check(outs[0] == outs[3], "-j 5 (more workers than cores, part-filled job batches) too")
+    check(outs[0] == outs[4], "the default -j too")
     check(b'"S(GIL)"' in outs[0][0], "the -j comparison covers S(GIL) sleeps")
     plain = []
     for j in ("1", "2"):

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "gilscan/analysis.h"
 #include "gilscan/header.h"
 #include "gilscan/mapped_file.h"
 #include "test_util.h"
@@ -158,6 +160,63 @@ TEST_CASE("golden: tiny read chunks and the reader thread give the same spans, t
             }
         }
     }
+}
+
+TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the reader thread forced on") {
+    // -j 1 runs on one thread (records read inline, the trace written as it
+    // is made); -j 2 adds the reader and writer threads; -j 3 with
+    // --sleep-stacks one unwinding worker. The recordings are small enough
+    // to be read inline by default: the reader thread is forced for -j 2/3.
+    const fs::path dir = fs::current_path() / "golden_jobs.tmp";
+    fs::create_directories(dir);
+    auto count_threads = [] {
+        size_t n = 0;
+        for ([[maybe_unused]] const auto& t : fs::directory_iterator("/proc/self/task")) ++n;
+        return n;
+    };
+    auto slurp = [](const fs::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+    };
+    // gil_combined: uprobes, no stacks (S(GIL) by probes, -j 3 without work for a worker).
+    for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph"}) {
+        for (unsigned frames : {0u, 16u}) {
+            std::string ref_trace, ref_summary;
+            for (unsigned jobs : {1u, 2u, 3u}) {
+                CAPTURE(name);
+                CAPTURE(frames);
+                CAPTURE(jobs);
+                AnalysisOptions o;
+                o.input = (kData / (name + ".data")).string();
+                o.output = (dir / "t.json").string();
+                o.sleep_stacks = frames;
+                o.jobs = jobs;
+                if (jobs > 1) o.reader_thread = true;
+                // Threads of this process while the records are read, beyond
+                // those before (a sanitizer's own): -j 1 adds none.
+                size_t most_threads = 0;
+                o.progress = [&](uint64_t, uint64_t) { most_threads = std::max(most_threads, count_threads()); };
+                const size_t before = count_threads();
+                FileSummary fsum = analyse_recording(o);
+                if (jobs == 1) CHECK(most_threads == before);
+                else CHECK(most_threads >= before + 2);  // the reader and the trace writer
+                const std::string trace = slurp(o.output), summary = summary_json(fsum).dump();
+                REQUIRE(trace.size() > 1000);
+                if (jobs == 1) {
+                    ref_trace = trace;
+                    ref_summary = summary;
+                    if (frames && name != "gil_combined") CHECK(trace.find("\"stack\":[") != std::string::npos);
+                    CHECK(trace.find("S(GIL)") != std::string::npos);
+                } else {
+                    CHECK(trace == ref_trace);
+                    CHECK(summary == ref_summary);
+                }
+            }
+        }
+    }
+    fs::remove_all(dir);
 }
 
 TEST_CASE("golden: header features of a real recording") {

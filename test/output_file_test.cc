@@ -1,4 +1,4 @@
-// OutputFile: all-or-nothing, buffered through a writer thread, O_DIRECT in
+// OutputFile: all-or-nothing, buffered through a writer thread (or not), O_DIRECT in
 // whole blocks where the filesystem allows it, compressed by name.
 #include <doctest/doctest.h>
 
@@ -35,11 +35,15 @@ fs::path scratch(const std::string& name) {
 }  // namespace
 
 TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come out byte for byte") {
+    // With the writer thread, and without (-j 1: written on the caller's thread).
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
     const fs::path p = scratch("big.json");
     std::string expect;
     std::mt19937 rng(7);
     {
-        OutputFile out(p.string());
+        OutputFile out(p.string(), writer_thread);
         // ~11 MiB: several 4 MiB buffers, block-aligned hand-offs with carried
         // tails, and an unaligned end written after leaving direct I/O.
         while (expect.size() < (11u << 20) + 1234) {
@@ -66,9 +70,12 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
 }
 
 TEST_CASE("output: no commit, no file (not even the temporary)") {
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
     const fs::path p = scratch("abandoned.json");
     {
-        OutputFile out(p.string());
+        OutputFile out(p.string(), writer_thread);
         out.write(std::string(9u << 20, 'x'));
     }
     CHECK(!fs::exists(p));
@@ -77,10 +84,13 @@ TEST_CASE("output: no commit, no file (not even the temporary)") {
 }
 
 TEST_CASE("output: .zst by name decompresses to what was written") {
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
     const fs::path p = scratch("t.json.zst");
     std::string expect;
     {
-        OutputFile out(p.string());
+        OutputFile out(p.string(), writer_thread);
         for (int i = 0; i < 200000; ++i) {
             std::string line = "{\"i\":" + std::to_string(i) + "},\n";
             out.write(line);

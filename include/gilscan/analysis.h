@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -32,7 +33,11 @@ struct AnalysisOptions {
     std::string gil_evidence = "auto";  // auto | stacks | probes
     std::string symfs;
     unsigned sleep_stacks = 0;
-    unsigned jobs = 1;          // stack-unwinding workers (-j)
+    // -j: threads. 1: everything on the calling thread. 2: a reader thread
+    // and a trace-writing thread beside it. 3 and up, with --sleep-stacks:
+    // jobs - 2 threads unwind and symbolize the sleeps' stacks.
+    unsigned jobs = 1;
+    std::optional<bool> reader_thread;  // jobs >= 2: force the reader thread on or off (tests; default: from 4 MiB)
     std::function<void(uint64_t, uint64_t)> progress;
 };
 

@@ -36,7 +36,8 @@ namespace gilscan {
 
 class OutputFile {
 public:
-    explicit OutputFile(std::string path);
+    // writer_thread = false: every write on the caller's thread (-j 1).
+    explicit OutputFile(std::string path, bool writer_thread = true);
     ~OutputFile();
     OutputFile(const OutputFile&) = delete;
     OutputFile& operator=(const OutputFile&) = delete;
