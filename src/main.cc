@@ -43,7 +43,7 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
                            the DWARF-unwound stack of the switch-out (auto: uprobes
                            when the recording has them, else stacks)
- -j, --jobs N             threads to use (default and 0: all cores). 1: one
+  -j, --jobs N             threads to use (default and 0: all cores). 1: one
                            thread does everything. 2: one thread reads the
                            recording while another runs the stages, and the
                            trace is written by a thread that mostly waits on
