@@ -41,7 +41,7 @@ void skip_read_format(Cursor& c, uint64_t read_format, Sample& s) {
 
 }  // namespace
 
-void parse_sample(Cursor c, const PerfEventAttr& attr, Sample& s) {
+void parse_sample(Cursor&& c, const PerfEventAttr& attr, Sample& s) {
     const uint64_t t = attr.sample_type;
     if (t & PERF_SAMPLE_IDENTIFIER) s.id = c.read<uint64_t>();
     if (t & PERF_SAMPLE_IP) s.ip = c.read<uint64_t>();

@@ -53,7 +53,7 @@ struct Sample : SampleId {
 // Parses the whole body; throws gilscan::Error when a count or size runs past it.
 // Every field the attr's sample_type selects is (re)written, so one Sample can
 // be reused for the samples of one attr without clearing it in between.
-void parse_sample(Cursor c, const PerfEventAttr& attr, Sample& s);
+void parse_sample(Cursor&& c, const PerfEventAttr& attr, Sample& s);
 
 // Trailer of a non-sample record (sample_id_all), read from the end of the body.
 bool parse_sample_id_trailer(Bytes body, const PerfEventAttr& attr, bool swap, SampleId& out);
