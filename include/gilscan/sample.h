@@ -53,6 +53,9 @@ struct Sample : SampleId {
 // Parses the whole body; throws gilscan::Error when a count or size runs past it.
 // Every field the attr's sample_type selects is (re)written, so one Sample can
 // be reused for the samples of one attr without clearing it in between.
+// (The cursor by reference: copied by value, the caller built it with 8-byte
+// stores and the copy read it with 16-byte loads, a store-forwarding stall
+// on every sample.)
 void parse_sample(Cursor&& c, const PerfEventAttr& attr, Sample& s);
 
 // Trailer of a non-sample record (sample_id_all), read from the end of the body.
