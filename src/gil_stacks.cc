@@ -1,6 +1,5 @@
 #include "gilscan/gil_stacks.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -272,10 +271,12 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         std::string user = std::move(stack);  // "[" and the user frames, or empty
         stack.clear();
         add_kernel_frames();
-        if (stack.empty())
+        if (stack.empty()) {
             stack = std::move(user);
-        else if (!user.empty())
-            stack.append(user, 0, std::string::npos).replace(stack.size() - user.size(), 1, ",");
+        } else if (!user.empty()) {
+            stack += ',';
+            stack.append(user, 1, std::string::npos);  // without its "["
+        }
     }
     if (!stack.empty()) stack += ']';
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on

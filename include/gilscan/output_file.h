@@ -15,7 +15,9 @@
 // the writes and the compression overlap the analysis; an uncompressed file
 // is written with O_DIRECT where the filesystem allows (no page-cache copy,
 // which on this project's VM cost a core for as long as the analysis). An
-// error there is raised by the next write() or by commit().
+// error there is raised by the next write() or by commit(). Without the
+// writer thread (-j 1: OutputFile(path, false)) the same happens on the
+// caller's thread whenever a buffer is full.
 #pragma once
 
 #include <atomic>
