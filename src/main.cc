@@ -184,8 +184,7 @@ int run(const Options& opt) {
     gilscan::FileSummary summary = gilscan::analyse_recording(analysis_options(opt));
     if (!opt.summary_json.empty()) {
         gilscan::OutputFile js(opt.summary_json);
-        js.write(gilscan::summary_json(summary).dump(2));
-        js.write("\n", 1);
+        gilscan::write_summary_json(js, summary);
         js.commit();
     }
     for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());

@@ -426,10 +426,10 @@ void Timeline::finish(uint64_t end) {
     drain(true);
 }
 
-std::vector<ThreadStats> Timeline::threads() const {
-    std::vector<ThreadStats> out;
+std::vector<const ThreadStats*> Timeline::threads() const {
+    std::vector<const ThreadStats*> out;
     out.reserve(all_.size());
-    for (const auto& th : all_) out.push_back(th.st);
+    for (const auto& th : all_) out.push_back(&th.st);
     return out;
 }
 

@@ -205,18 +205,18 @@ void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std:
     end(p);
 }
 
-void TraceWriter::finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta) {
+void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta) {
     // Process names: the main thread's comm (tid == pid), else the first seen.
-    std::map<int32_t, std::string> process_names;
-    for (const auto& t : threads) {
-        if (!t.monitored) continue;
-        int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
-        if (t.tid == pid || !process_names.count(pid)) process_names[pid] = t.comm;
+    std::map<int32_t, std::string_view> process_names;
+    for (const ThreadStats* t : threads) {
+        if (!t->monitored) continue;
+        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        if (t->tid == pid || !process_names.count(pid)) process_names[pid] = t->comm;
     }
     for (const auto& [pid, name] : process_names) metadata("process_name", pid, pid, name);
-    for (const auto& t : threads) {
-        int32_t pid = t.tgid > 0 ? t.tgid : t.tid;
-        if (t.monitored) name_thread(pid, t.tid, t.comm);
+    for (const ThreadStats* t : threads) {
+        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        if (t->monitored) name_thread(pid, t->tid, t->comm);
     }
     std::string tail =
         "\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"

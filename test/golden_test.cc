@@ -14,6 +14,8 @@
 #include "gilscan/analysis.h"
 #include "gilscan/header.h"
 #include "gilscan/mapped_file.h"
+#include "gilscan/output_file.h"
+#include "gilscan/summary.h"
 #include "test_util.h"
 
 using namespace gilscan;
@@ -215,6 +217,40 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 }
             }
         }
+    }
+    fs::remove_all(dir);
+}
+
+TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for byte") {
+    const fs::path dir = fs::current_path() / "golden_summary.tmp";
+    fs::create_directories(dir);
+    auto slurp = [](const fs::path& p) {
+        std::ifstream f(p, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+    };
+    auto check_same = [&](const FileSummary& fsum) {
+        const fs::path p = dir / "s.json";
+        {
+            OutputFile out(p.string());
+            write_summary_json(out, fsum);
+            out.commit();
+        }
+        CHECK(slurp(p) == summary_json(fsum).dump(2) + "\n");
+    };
+    for (const std::string name : {"plain", "gil_combined", "stacks_py311"}) {
+        CAPTURE(name);
+        AnalysisOptions o;
+        o.input = (kData / (name + ".data")).string();
+        FileSummary fsum = analyse_recording(o);
+        REQUIRE(fsum.threads.size() >= 2);
+        check_same(fsum);
+        // A name that needs escaping, and no rows at all.
+        fsum.threads[0].st.comm = "a\"b\\c\nd\t\x01";
+        check_same(fsum);
+        fsum.threads.clear();
+        check_same(fsum);
     }
     fs::remove_all(dir);
 }

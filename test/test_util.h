@@ -151,7 +151,7 @@ inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::opt
     s.run(stages);
     gil.finish(s.stats().last_time);
     tl.finish(s.stats().last_time);
-    a.threads = tl.threads();
+    for (const ThreadStats* t : tl.threads()) a.threads.push_back(*t);
     a.gil = gil.threads();
     a.gil_anomalies = gil.anomalies();
     a.stats = s.stats();
@@ -180,7 +180,7 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     FanOut stages({&maps, &tl});
     s.run(stages);
     tl.finish(s.stats().last_time);
-    a.threads = tl.threads();
+    for (const ThreadStats* t : tl.threads()) a.threads.push_back(*t);
     a.stats = s.stats();
     a.stack_stats = gsc.stats();
     a.module_problems = modules.problems();

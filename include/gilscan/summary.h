@@ -21,6 +21,7 @@
 
 #include "gilscan/gil_probes.h"
 #include "gilscan/gil_stacks.h"
+#include "gilscan/output_file.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 
@@ -56,11 +57,14 @@ struct FileSummary {
 // "2026-11-29T12:02:26Z" for nanoseconds since the epoch.
 std::string iso8601_utc(int64_t ns);
 
-FileSummary build_summary(const Session& s, const std::vector<ThreadStats>& threads,
+FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*>& threads,
                           const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr);
 // With GIL uprobes in the recording, the table shows the threads of the
 // processes that ran the probed Python unless all_threads.
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads = false);
 nlohmann::json summary_json(const FileSummary& fs);
+// The same document, dump(2) and a newline, written row by row into `out`
+// (a system-wide capture can have hundreds of thousands of threads).
+void write_summary_json(OutputFile& out, const FileSummary& fs);
 
 }  // namespace gilscan

@@ -122,7 +122,9 @@ public:
     void finish(uint64_t end);
 
     // Threads in first-seen order (a tid reused after exit gets a new entry).
-    std::vector<ThreadStats> threads() const;
+    // Pointers into the timeline (valid while it lives): a capture with
+    // hundreds of thousands of threads is not copied for the summary.
+    std::vector<const ThreadStats*> threads() const;
     uint64_t wakeups_while_running() const { return wake_while_running_; }
     uint64_t sched_events() const { return sched_events_; }
     const TracepointDecoder& decoder() const { return dec_; }

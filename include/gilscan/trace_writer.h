@@ -51,7 +51,7 @@ public:
     void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json);
     // Names an extra track (e.g. the per-process "GIL holder" track).
     void name_thread(int32_t pid, int32_t tid, std::string_view name);
-    void finish(const std::vector<ThreadStats>& threads, const TraceMeta& meta);
+    void finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
 
 private:
