@@ -284,8 +284,10 @@ void write_summary_json(OutputFile& out, const FileSummary& fs) {
     const std::string head = summary_head(fs).dump(2);
     const std::string_view key = "\n  \"threads\": ";  // the top level's (indent 2)
     const size_t at = head.find(key);
-    if (at == std::string::npos || fs.threads.empty()) {
-        out.write(head);
+    if (fs.threads.empty() || at == std::string::npos) {
+        // No rows; or (not expected) no place found for them: the whole
+        // document at once rather than a summary without its rows.
+        out.write(fs.threads.empty() ? head : summary_json(fs).dump(2));
         out.write("\n", 1);
         return;
     }
