@@ -1,6 +1,8 @@
 #include "gilscan/analysis.h"
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "gilscan/gil_probes.h"
 #include "gilscan/gil_stacks.h"
@@ -13,6 +15,8 @@
 #include "gilscan/trace_writer.h"
 
 namespace gilscan {
+
+unsigned all_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 FileSummary analyse_recording(const AnalysisOptions& opt) {
     // 1-2. File, header, features, tracing formats; records in time order.

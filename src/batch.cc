@@ -172,7 +172,7 @@ std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
 }
 
 int batch_main(int argc, char** argv) {
-    unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+    unsigned jobs = all_cores();
     std::string summary_path, traces_dir, symfs, evidence = "auto";
     std::vector<std::string> paths;
     for (int i = 2; i < argc; ++i) {

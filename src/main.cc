@@ -75,7 +75,7 @@ struct Options {
     std::string gil_evidence = "auto";
     std::string symfs;
     unsigned sleep_stacks = 0;
-    unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+    unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
 };
 
@@ -132,7 +132,7 @@ Options parse_args(int argc, char** argv) {
             char* end = nullptr;
             long n = std::strtol(v.c_str(), &end, 10);
             if (v.empty() || *end || n < 0 || n > 256) usage_error("-j takes 0..256");
-            o.jobs = n == 0 ? std::max(1u, std::thread::hardware_concurrency()) : static_cast<unsigned>(n);
+            o.jobs = n == 0 ? gilscan::all_cores() : static_cast<unsigned>(n);
         } else if (a == "--sleep-stacks") {
             std::string v = value("--sleep-stacks");
             char* end = nullptr;

@@ -43,4 +43,7 @@ struct AnalysisOptions {
 
 FileSummary analyse_recording(const AnalysisOptions& opt);
 
+// The default -j of `gilscan` and `gilscan batch`: every core (at least 1).
+unsigned all_cores();
+
 }  // namespace gilscan
