@@ -3,6 +3,7 @@
 // (The session's set-up — header, attrs, features, names — is session.cc.)
 #include <algorithm>
 #include <exception>
+#include <memory>
 #include <thread>
 
 #include <pthread.h>
@@ -34,6 +35,25 @@ constexpr size_t kBatchBytes = 256u << 10;
 constexpr size_t kInFlightBytes = 4u << 20;
 constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
 
+// What the reader writes for every record, on cache lines of its own (heap,
+// 128-aligned, its size a multiple of 128). As locals of run() these shared
+// lines with the stages' stack, and every ++records took a line the stages'
+// core had just written.
+struct alignas(128) ReaderSide {
+    ReaderSide(const MappedFile& file, uint64_t begin, uint64_t end, bool swap, size_t chunk_size)
+        : rs(file, begin, end, swap, chunks, chunk_size), q(chunks, 4u << 20, swap) {}
+    ChunkTable chunks;  // before rs and q: they release chunks when destroyed
+    RecordStream rs;
+    OrderedQueue q;
+    std::vector<Handed> batch, back;
+    size_t batch_bytes = 0;
+    bool stopped = false;  // the stages gave up (handoff aborted)
+    // Reader-side counts, merged with the stages' after both are done.
+    uint64_t records = 0, unknown_ids = 0, malformed = 0, unknown_types = 0, first_malformed = 0;
+    std::string malformed_reason;
+    std::exception_ptr error;
+};
+
 }  // namespace
 
 // Two threads: the reader (framing, decompression, ids, timestamps, ordering)
@@ -45,20 +65,11 @@ constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get th
 void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
-    ChunkTable chunks;
-    RecordStream rs(file_, begin, end, header_.swap, chunks, chunk_size_);
-    OrderedQueue q(chunks, 4u << 20, header_.swap);
+    auto side = std::make_unique<ReaderSide>(file_, begin, end, header_.swap, chunk_size_);
     // Up to 64 batches in flight: the reader produces a whole round at each
     // FINISHED_ROUND and nothing while it reads the next one; the slack keeps
     // both threads busy through those bursts. Bounded in bytes too (kInFlightBytes).
     Handoff<Handed> handoff(64, kInFlightBytes);
-    // Reader-side counts, merged with the stages' after both are done (the
-    // stages write stats_ per record: sharing its cache lines would cost more
-    // than the second thread gains).
-    uint64_t reader_records = 0, reader_unknown_ids = 0;
-    uint64_t reader_malformed = 0, reader_unknown_types = 0, reader_first_malformed = 0;
-    std::string reader_malformed_reason;
-    std::exception_ptr reader_error;
 
     // The stages' side: records of one batch to the sink.
     auto consume = [&](const std::vector<Handed>& batch) {
@@ -83,49 +94,53 @@ void Session::run(EventSink& sink) {
     // it overlaps. Same code either way; only send() differs.
     const bool threaded = threaded_.value_or(end - begin >= kThreadedFrom);
 
-    auto read_all = [&] {
-        std::vector<Handed> batch, back;
+    // Captures by value, and everything it writes is in *rd: on the reader
+    // thread nothing of this frame (the stages' stack) is touched per record.
+    auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, begin, end] {
+        ReaderSide& rd = *rdp;
+        ChunkTable& chunks = rd.chunks;
+        std::vector<Handed>& batch = rd.batch;
         batch.reserve(kBatch);
-        size_t batch_bytes = 0;
-        bool stopped = false;
         auto send = [&] {
-            if (batch.empty() || stopped) return;
+            if (batch.empty() || rd.stopped) return;
             if (!threaded) {
                 consume(batch);  // exceptions go straight to run()'s caller
                 for (const Handed& h : batch) chunks.release(h.chunk);
                 batch.clear();
-                batch_bytes = 0;
+                rd.batch_bytes = 0;
                 return;
             }
-            if (!handoff.push(std::move(batch), batch_bytes)) stopped = true;
+            if (!handoff.push(std::move(batch), rd.batch_bytes)) rd.stopped = true;
             batch.clear();
-            batch_bytes = 0;
+            rd.batch_bytes = 0;
             // Release the chunks of every batch the stages have finished (not
             // one per send: they would pile up beside the 64 in flight), and
             // reuse one of those vectors.
-            while (handoff.take_done(back)) {
-                for (const Handed& h : back) chunks.release(h.chunk);
-                back.clear();
-                if (batch.capacity() < back.capacity()) batch.swap(back);
+            while (handoff.take_done(rd.back)) {
+                for (const Handed& h : rd.back) chunks.release(h.chunk);
+                rd.back.clear();
+                if (batch.capacity() < rd.back.capacity()) batch.swap(rd.back);
             }
             batch.reserve(kBatch);
         };
         auto hand = [&](const RawRecord& rec) {
             chunks.retain(rec.chunk);
             batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed});
-            batch_bytes += rec.size;
-            if (batch.size() >= kBatch || batch_bytes >= kBatchBytes) send();
+            rd.batch_bytes += rec.size;
+            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
         };
+        RecordStream& rs = rd.rs;
+        OrderedQueue& q = rd.q;
         try {
             uint64_t next_progress = begin;
             const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
             RawRecord r;
-            while (!stopped && rs.next(r)) {
+            while (!rd.stopped && rs.next(r)) {
                 if (progress_ && rs.position() >= next_progress) {
                     progress_(rs.position() - begin, end - begin);
                     next_progress = rs.position() + progress_step;
                 }
-                ++reader_records;
+                ++rd.records;
                 if (r.type == PERF_RECORD_FINISHED_ROUND) {
                     q.finished_round(hand);
                     continue;
@@ -136,17 +151,17 @@ void Session::run(EventSink& sink) {
                     try {
                         handle_user_record(r);
                     } catch (const Error& e) {
-                        if (reader_malformed++ == 0) {
-                            reader_first_malformed = r.offset;
-                            reader_malformed_reason = e.what();
+                        if (rd.malformed++ == 0) {
+                            rd.first_malformed = r.offset;
+                            rd.malformed_reason = e.what();
                         }
                     }
-                    if (r.type > PERF_RECORD_COMPRESSED2) ++reader_unknown_types;
+                    if (r.type > PERF_RECORD_COMPRESSED2) ++rd.unknown_types;
                     continue;
                 }
                 int ev = event_for(r);
                 if (ev < 0) {
-                    ++reader_unknown_ids;
+                    ++rd.unknown_ids;
                     continue;
                 }
                 // Timestamp: a sample's TIME field, else the sample_id_all trailer.
@@ -169,7 +184,7 @@ void Session::run(EventSink& sink) {
             send();
         } catch (...) {
             if (!threaded) throw;
-            reader_error = std::current_exception();
+            rd.error = std::current_exception();
         }
         handoff.close();
     };
@@ -177,7 +192,7 @@ void Session::run(EventSink& sink) {
     if (!threaded) {
         read_all();
     } else {
-        std::thread reader([&] {
+        std::thread reader([read_all] {
             pthread_setname_np(pthread_self(), "gilscan-read");
             read_all();
         });
@@ -194,24 +209,24 @@ void Session::run(EventSink& sink) {
         }
         reader.join();
     }
-    if (reader_error) std::rethrow_exception(reader_error);
-    if (reader_malformed) {
-        if (stats_.malformed == 0 || reader_first_malformed < stats_.first_malformed_offset) {
-            stats_.first_malformed_offset = reader_first_malformed;
-            stats_.first_malformed_reason = reader_malformed_reason;
+    if (side->error) std::rethrow_exception(side->error);
+    if (side->malformed) {
+        if (stats_.malformed == 0 || side->first_malformed < stats_.first_malformed_offset) {
+            stats_.first_malformed_offset = side->first_malformed;
+            stats_.first_malformed_reason = side->malformed_reason;
         }
-        stats_.malformed += reader_malformed;
+        stats_.malformed += side->malformed;
     }
-    stats_.unknown_types += reader_unknown_types;
-    stats_.records += reader_records;
-    stats_.unknown_ids += reader_unknown_ids;
+    stats_.unknown_types += side->unknown_types;
+    stats_.records += side->records;
+    stats_.unknown_ids += side->unknown_ids;
     if (progress_) progress_(end - begin, end - begin);
-    stats_.out_of_order = q.out_of_order();
-    stats_.compressed_records = rs.compressed_records();
-    for (const auto& w : rs.warnings()) warn(w);
-    if (rs.stopped()) {
+    stats_.out_of_order = side->q.out_of_order();
+    stats_.compressed_records = side->rs.compressed_records();
+    for (const auto& w : side->rs.warnings()) warn(w);
+    if (side->rs.stopped()) {
         stats_.truncated = true;
-        warn(rs.stop_reason() + " at byte " + std::to_string(rs.stop_offset()) +
+        warn(side->rs.stop_reason() + " at byte " + std::to_string(side->rs.stop_offset()) +
              "; results cover the data before it");
     }
     if (stats_.malformed)
