@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <linux/aio_abi.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <zlib.h>
@@ -16,6 +18,16 @@ namespace gilscan {
 
 namespace {
 constexpr size_t kMaxQueued = 3;  // full buffers waiting for the writer: bounded memory
+constexpr uint64_t kExtendStep = 64u << 20;  // ftruncate ahead of asynchronous writes
+
+// glibc has no wrappers for the Linux AIO system calls (libaio is a library
+// of its own); these are the raw calls.
+long sys_io_setup(unsigned nr, aio_context_t* ctx) { return ::syscall(SYS_io_setup, nr, ctx); }
+long sys_io_destroy(aio_context_t ctx) { return ::syscall(SYS_io_destroy, ctx); }
+long sys_io_submit(aio_context_t ctx, long n, iocb** cbs) { return ::syscall(SYS_io_submit, ctx, n, cbs); }
+long sys_io_getevents(aio_context_t ctx, long min_nr, long nr, io_event* ev) {
+    return ::syscall(SYS_io_getevents, ctx, min_nr, nr, ev, nullptr);
+}
 }
 
 struct OutputFile::Codec {
@@ -57,7 +69,10 @@ OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(p
         if (fd_ < 0) fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
         if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
     }
-    if (!writer_thread) return;
+    if (!writer_thread) {
+        may_aio_ = direct_ && !codec_ && !stdout_;
+        return;
+    }
     writer_ = std::thread([this] {
         pthread_setname_np(pthread_self(), "gilscan-write");
         writer_loop();
@@ -73,6 +88,11 @@ OutputFile::~OutputFile() {
         }
     }
     stop_writer();
+    if (aio_) {
+        drain_async();  // the kernel may still be reading the buffers
+        sys_io_destroy(aio_);
+        aio_ = 0;
+    }
     if (!stdout_) {
         if (fd_ >= 0) ::close(fd_);
         if (!committed_) std::remove(tmp_.c_str());
@@ -132,8 +152,21 @@ void OutputFile::hand_off() {
     const size_t send = direct_ ? used_ / kDirectBlock * kDirectBlock : used_;
     if (send == 0) return;
     const size_t tail = used_ - send;
+    if (may_aio_ && !aio_ && direct_ && file_off_ >= kAsyncFrom) {
+        // Large enough to pay for the context's teardown (see kAsyncFrom).
+        aio_context_t ctx = 0;
+        if (sys_io_setup(kAioDepth, &ctx) == 0)
+            aio_ = ctx;
+        else
+            may_aio_ = false;
+    }
+    if (aio_ && direct_) {  // no writer thread: submitted here, written meanwhile
+        submit_async(send);
+        return;
+    }
     if (!writer_.joinable()) {  // no writer thread: written here, the tail moved to the front
         sink(reinterpret_cast<const char*>(buf_.data()), send, false);
+        file_off_ += send;
         if (tail) std::memmove(buf_.data(), buf_.data() + send, tail);
         used_ = tail;
         return;
@@ -157,6 +190,109 @@ void OutputFile::hand_off() {
     cv_.notify_all();
     buf_ = std::move(next);
     used_ = tail;
+}
+
+void OutputFile::submit_async(size_t send) {
+    if (!aio_error_.empty()) throw Error(path_, Error::no_offset, aio_error_);
+    const size_t tail = used_ - send;
+    if (file_off_ + send > extended_to_) {
+        const uint64_t to = (file_off_ + send + kExtendStep - 1) / kExtendStep * kExtendStep;
+        if (::ftruncate(fd_, static_cast<off_t>(to)) != 0)
+            throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        extended_to_ = to;
+    }
+    while (inflight_.size() >= kAioDepth) reap_one();
+    ChunkBytes next;
+    if (!spare_.empty()) {
+        next = std::move(spare_.back());
+        spare_.pop_back();
+    }
+    next.resize(kBufferSize);
+    if (tail) std::memcpy(next.data(), buf_.data() + send, tail);
+    InFlight f;
+    f.buf = std::move(buf_);
+    f.len = send;
+    f.id = ++next_id_;
+    iocb cb{};
+    cb.aio_data = f.id;
+    cb.aio_lio_opcode = IOCB_CMD_PWRITE;
+    cb.aio_fildes = static_cast<uint32_t>(fd_);
+    cb.aio_buf = reinterpret_cast<uint64_t>(f.buf.data());
+    cb.aio_nbytes = send;
+    cb.aio_offset = static_cast<int64_t>(file_off_);
+    iocb* cbs[1] = {&cb};
+    long r;
+    for (;;) {
+        r = sys_io_submit(aio_, 1, cbs);
+        if (r == 1 || (r < 0 && errno == EINTR)) {
+            if (r == 1) break;
+            continue;
+        }
+        if (r < 0 && errno == EAGAIN && !inflight_.empty()) {  // out of resources: make room
+            reap_one();
+            continue;
+        }
+        break;
+    }
+    buf_ = std::move(next);
+    used_ = tail;
+    if (r != 1) {
+        // Refused (an old kernel, a filesystem without async direct I/O):
+        // what is in flight completes, then this buffer and the rest are
+        // written plainly, at the right offset.
+        end_async();
+        sink(reinterpret_cast<const char*>(f.buf.data()), send, false);
+        f.buf.clear();
+        spare_.push_back(std::move(f.buf));
+        return;
+    }
+    file_off_ += send;
+    inflight_.push_back(std::move(f));
+}
+
+void OutputFile::reap_one() {
+    while (!inflight_.front().done) {
+        io_event ev{};
+        const long n = sys_io_getevents(aio_, 1, 1, &ev);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != 1) {
+            if (aio_error_.empty()) aio_error_ = std::string("write failed: ") + std::strerror(errno);
+            for (auto& f : inflight_) f.done = true;  // nothing more will come back
+            break;
+        }
+        for (auto& f : inflight_) {
+            if (f.id != ev.data) continue;
+            f.done = true;
+            if (ev.res != static_cast<int64_t>(f.len) && aio_error_.empty())
+                aio_error_ = std::string("write failed: ") +
+                             (ev.res < 0 ? std::strerror(static_cast<int>(-ev.res)) : "short write");
+        }
+    }
+    InFlight f = std::move(inflight_.front());
+    inflight_.pop_front();
+    f.buf.clear();
+    spare_.push_back(std::move(f.buf));
+    if (!aio_error_.empty()) throw Error(path_, Error::no_offset, aio_error_);
+}
+
+void OutputFile::drain_async() noexcept {
+    while (!inflight_.empty()) {
+        try {
+            reap_one();
+        } catch (const Error&) {
+        }
+    }
+}
+
+void OutputFile::end_async() {
+    drain_async();
+    sys_io_destroy(aio_);
+    aio_ = 0;
+    may_aio_ = false;
+    if (!aio_error_.empty()) throw Error(path_, Error::no_offset, aio_error_);
+    // Plain writes from here on go where the asynchronous ones ended.
+    if (::lseek(fd_, static_cast<off_t>(file_off_), SEEK_SET) < 0)
+        throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
 }
 
 void OutputFile::no_direct() {
@@ -221,6 +357,7 @@ void OutputFile::write(const char* data, size_t n) {
 
 void OutputFile::commit() {
     hand_off();
+    if (aio_) end_async();
     {
         // Wait for the writer to finish everything queued.
         std::unique_lock<std::mutex> l(mu_);
@@ -233,6 +370,9 @@ void OutputFile::commit() {
         used_ = 0;
     }
     if (codec_) sink(nullptr, 0, true);  // the writer is idle: safe to finish here
+    // Asynchronous writes extended the file ahead of them: cut it to what was written.
+    if (extended_to_ > written_ && ::ftruncate(fd_, static_cast<off_t>(written_)) != 0)
+        throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
     if (stdout_) {
         committed_ = true;
         return;

@@ -8,6 +8,12 @@
 #include <random>
 #include <sstream>
 
+#include <csignal>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <zstd.h>
 
 #include "gilscan/error.h"
@@ -32,6 +38,16 @@ fs::path scratch(const std::string& name) {
     return d / name;
 }
 
+// Whether the scratch directory takes O_DIRECT (then OutputFile without a
+// writer thread must write asynchronously).
+bool direct_io_works() {
+    const fs::path p = scratch("probe");
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0666);
+    if (fd >= 0) ::close(fd);
+    fs::remove(p);
+    return fd >= 0;
+}
+
 }  // namespace
 
 TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come out byte for byte") {
@@ -44,9 +60,10 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
     std::mt19937 rng(7);
     {
         OutputFile out(p.string(), writer_thread);
-        // ~11 MiB: several 4 MiB buffers, block-aligned hand-offs with carried
-        // tails, and an unaligned end written after leaving direct I/O.
-        while (expect.size() < (11u << 20) + 1234) {
+        // ~43 MiB: many 4 MiB buffers, block-aligned hand-offs with carried
+        // tails, written plainly and then (from 32 MiB, no writer thread)
+        // asynchronously, and an unaligned end written after leaving direct I/O.
+        while (expect.size() < (40u << 20) + 1234) {
             std::string piece(1 + rng() % 5000, static_cast<char>('a' + rng() % 26));
             if (rng() % 2) {
                 out.write(piece);
@@ -60,6 +77,9 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
         out.write(std::string(3u << 20, 'z'));  // one write larger than half a buffer
         expect += std::string(3u << 20, 'z');
         CHECK(!fs::exists(p));  // nothing under the final name before commit
+        // -j 1 on a disk that takes direct I/O: past 32 MiB the buffers go out by io_submit.
+        CHECK(expect.size() > OutputFile::kAsyncFrom + (4u << 20));
+        CHECK(out.async_io() == (!writer_thread && direct_io_works()));
         out.commit();
         CHECK(out.bytes_written() == expect.size());
     }
@@ -67,6 +87,57 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
     CHECK(fs::file_size(p) == expect.size());
     CHECK(slurp(p) == expect);
     fs::remove(p);
+}
+
+TEST_CASE("output: whole buffers and nothing after them: the file is cut to its size") {
+    // Asynchronous writes extend the file 64 MiB ahead; commit() cuts it back
+    // even when no unaligned tail is left to append.
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
+    const fs::path p = scratch("aligned.json");
+    std::string expect;
+    for (int i = 0; expect.size() < (40u << 20); ++i) expect += static_cast<char>('a' + i % 26);
+    {
+        OutputFile out(p.string(), writer_thread);
+        out.write(expect);
+        CHECK(out.async_io() == (!writer_thread && direct_io_works()));
+        out.commit();
+    }
+    CHECK(fs::file_size(p) == expect.size());
+    CHECK(slurp(p) == expect);
+    fs::remove(p);
+}
+
+TEST_CASE("output: a write the system refuses is an error, and no file is left") {
+    // RLIMIT_FSIZE makes writes (and the asynchronous path's ftruncate ahead,
+    // from 32 MiB) past 36 MiB fail with EFBIG; SIGXFSZ is ignored so that
+    // they return.
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
+    const fs::path p = scratch("toolarge.json");
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim = old;
+    lim.rlim_cur = 36u << 20;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    bool threw = false;
+    try {
+        OutputFile out(p.string(), writer_thread);
+        for (int i = 0; i < 48; ++i) out.write(std::string(1u << 20, 'x'));
+        out.commit();
+    } catch (const Error& e) {
+        threw = true;
+        CHECK(std::string(e.what()).find("write failed") != std::string::npos);
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(threw);
+    CHECK(!fs::exists(p));
+    for (const auto& e : fs::directory_iterator(p.parent_path()))
+        CHECK(e.path().filename().string().rfind("toolarge.json.tmp", 0) != 0);
 }
 
 TEST_CASE("output: no commit, no file (not even the temporary)") {
