@@ -60,10 +60,10 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
     std::mt19937 rng(7);
     {
         OutputFile out(p.string(), writer_thread);
-        // ~43 MiB: many 4 MiB buffers, block-aligned hand-offs with carried
-        // tails, written plainly and then (from 32 MiB, no writer thread)
+        // ~75 MiB: many 4 MiB buffers, block-aligned hand-offs with carried
+        // tails, written plainly and then (from 64 MiB, no writer thread)
         // asynchronously, and an unaligned end written after leaving direct I/O.
-        while (expect.size() < (40u << 20) + 1234) {
+        while (expect.size() < (72u << 20) + 1234) {
             std::string piece(1 + rng() % 5000, static_cast<char>('a' + rng() % 26));
             if (rng() % 2) {
                 out.write(piece);
@@ -77,7 +77,7 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
         out.write(std::string(3u << 20, 'z'));  // one write larger than half a buffer
         expect += std::string(3u << 20, 'z');
         CHECK(!fs::exists(p));  // nothing under the final name before commit
-        // -j 1 on a disk that takes direct I/O: past 32 MiB the buffers go out by io_submit.
+        // -j 1 on a disk that takes direct I/O: past 64 MiB the buffers go out by io_submit.
         CHECK(expect.size() > OutputFile::kAsyncFrom + (4u << 20));
         CHECK(out.async_io() == (!writer_thread && direct_io_works()));
         out.commit();
@@ -97,7 +97,7 @@ TEST_CASE("output: whole buffers and nothing after them: the file is cut to its 
     SUBCASE("no writer thread") { writer_thread = false; }
     const fs::path p = scratch("aligned.json");
     std::string expect;
-    for (int i = 0; expect.size() < (40u << 20); ++i) expect += static_cast<char>('a' + i % 26);
+    for (int i = 0; expect.size() < (72u << 20); ++i) expect += static_cast<char>('a' + i % 26);
     {
         OutputFile out(p.string(), writer_thread);
         out.write(expect);
@@ -111,7 +111,7 @@ TEST_CASE("output: whole buffers and nothing after them: the file is cut to its 
 
 TEST_CASE("output: a write the system refuses is an error, and no file is left") {
     // RLIMIT_FSIZE makes writes (and the asynchronous path's ftruncate ahead,
-    // from 32 MiB) past 36 MiB fail with EFBIG; SIGXFSZ is ignored so that
+    // from 64 MiB) past 68 MiB fail with EFBIG; SIGXFSZ is ignored so that
     // they return.
     bool writer_thread = true;
     SUBCASE("writer thread") {}
@@ -121,12 +121,12 @@ TEST_CASE("output: a write the system refuses is an error, and no file is left")
     REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
     auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
     rlimit lim = old;
-    lim.rlim_cur = 36u << 20;
+    lim.rlim_cur = 68u << 20;
     REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
     bool threw = false;
     try {
         OutputFile out(p.string(), writer_thread);
-        for (int i = 0; i < 48; ++i) out.write(std::string(1u << 20, 'x'));
+        for (int i = 0; i < 80; ++i) out.write(std::string(1u << 20, 'x'));
         out.commit();
     } catch (const Error& e) {
         threw = true;
