@@ -224,10 +224,8 @@ void OutputFile::submit_async(size_t send) {
     long r;
     for (;;) {
         r = sys_io_submit(aio_, 1, cbs);
-        if (r == 1 || (r < 0 && errno == EINTR)) {
-            if (r == 1) break;
-            continue;
-        }
+        if (r == 1) break;
+        if (r < 0 && errno == EINTR) continue;
         if (r < 0 && errno == EAGAIN && !inflight_.empty()) {  // out of resources: make room
             reap_one();
             continue;
@@ -242,6 +240,7 @@ void OutputFile::submit_async(size_t send) {
         // written plainly, at the right offset.
         end_async();
         sink(reinterpret_cast<const char*>(f.buf.data()), send, false);
+        file_off_ += send;
         f.buf.clear();
         spare_.push_back(std::move(f.buf));
         return;
