@@ -48,6 +48,22 @@ bool direct_io_works() {
     return fd >= 0;
 }
 
+// The file holds exactly `expect`; then it is removed.
+void check_and_remove(const fs::path& p, const std::string& expect) {
+    REQUIRE(fs::exists(p));
+    CHECK(fs::file_size(p) == expect.size());
+    CHECK(slurp(p) == expect);
+    fs::remove(p);
+}
+
+// Neither the file nor its temporary ("NAME.tmp.PID") is left.
+void check_nothing_left(const fs::path& p) {
+    CHECK(!fs::exists(p));
+    const std::string tmp = p.filename().string() + ".tmp";
+    for (const auto& e : fs::directory_iterator(p.parent_path()))
+        CHECK(e.path().filename().string().rfind(tmp, 0) != 0);
+}
+
 }  // namespace
 
 TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come out byte for byte") {
@@ -83,10 +99,7 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
         out.commit();
         CHECK(out.bytes_written() == expect.size());
     }
-    REQUIRE(fs::exists(p));
-    CHECK(fs::file_size(p) == expect.size());
-    CHECK(slurp(p) == expect);
-    fs::remove(p);
+    check_and_remove(p, expect);
 }
 
 TEST_CASE("output: whole buffers and nothing after them: the file is cut to its size") {
@@ -104,9 +117,7 @@ TEST_CASE("output: whole buffers and nothing after them: the file is cut to its 
         CHECK(out.async_io() == (!writer_thread && direct_io_works()));
         out.commit();
     }
-    CHECK(fs::file_size(p) == expect.size());
-    CHECK(slurp(p) == expect);
-    fs::remove(p);
+    check_and_remove(p, expect);
 }
 
 TEST_CASE("output: a write the system refuses is an error, and no file is left") {
@@ -135,9 +146,7 @@ TEST_CASE("output: a write the system refuses is an error, and no file is left")
     ::setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, old_handler);
     CHECK(threw);
-    CHECK(!fs::exists(p));
-    for (const auto& e : fs::directory_iterator(p.parent_path()))
-        CHECK(e.path().filename().string().rfind("toolarge.json.tmp", 0) != 0);
+    check_nothing_left(p);
 }
 
 TEST_CASE("output: no commit, no file (not even the temporary)") {
@@ -149,9 +158,7 @@ TEST_CASE("output: no commit, no file (not even the temporary)") {
         OutputFile out(p.string(), writer_thread);
         out.write(std::string(9u << 20, 'x'));
     }
-    CHECK(!fs::exists(p));
-    for (const auto& e : fs::directory_iterator(p.parent_path()))
-        CHECK(e.path().filename().string().rfind("abandoned.json.tmp", 0) != 0);
+    check_nothing_left(p);
 }
 
 TEST_CASE("output: .zst by name decompresses to what was written") {
