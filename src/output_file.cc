@@ -171,16 +171,7 @@ void OutputFile::hand_off() {
         used_ = tail;
         return;
     }
-    ChunkBytes next;
-    {
-        std::lock_guard<std::mutex> l(mu_);
-        if (!spare_.empty()) {
-            next = std::move(spare_.back());
-            spare_.pop_back();
-        }
-    }
-    next.resize(kBufferSize);
-    if (tail) std::memcpy(next.data(), buf_.data() + send, tail);
+    ChunkBytes next = next_buffer(send, tail);
     buf_.resize(send);
     {
         std::unique_lock<std::mutex> l(mu_);
@@ -192,23 +183,37 @@ void OutputFile::hand_off() {
     used_ = tail;
 }
 
+std::string OutputFile::write_failed(int err) { return std::string("write failed: ") + std::strerror(err); }
+
+void OutputFile::fail_write() const { throw Error(path_, Error::no_offset, write_failed(errno)); }
+
+// A buffer for what comes next (a spare one if any), starting with the
+// `tail` bytes after the first `send` of the current one.
+ChunkBytes OutputFile::next_buffer(size_t send, size_t tail) {
+    ChunkBytes next;
+    {
+        std::lock_guard<std::mutex> l(mu_);  // the writer thread hands spares back
+        if (!spare_.empty()) {
+            next = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    next.resize(kBufferSize);
+    if (tail) std::memcpy(next.data(), buf_.data() + send, tail);
+    return next;
+}
+
 void OutputFile::submit_async(size_t send) {
     if (!aio_error_.empty()) throw Error(path_, Error::no_offset, aio_error_);
     const size_t tail = used_ - send;
     if (file_off_ + send > extended_to_) {
         const uint64_t to = (file_off_ + send + kExtendStep - 1) / kExtendStep * kExtendStep;
         if (::ftruncate(fd_, static_cast<off_t>(to)) != 0)
-            throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+            fail_write();
         extended_to_ = to;
     }
     while (inflight_.size() >= kAioDepth) reap_one();
-    ChunkBytes next;
-    if (!spare_.empty()) {
-        next = std::move(spare_.back());
-        spare_.pop_back();
-    }
-    next.resize(kBufferSize);
-    if (tail) std::memcpy(next.data(), buf_.data() + send, tail);
+    ChunkBytes next = next_buffer(send, tail);
     InFlight f;
     f.buf = std::move(buf_);
     f.len = send;
@@ -255,7 +260,7 @@ void OutputFile::reap_one() {
         const long n = sys_io_getevents(aio_, 1, 1, &ev);
         if (n < 0 && errno == EINTR) continue;
         if (n != 1) {
-            if (aio_error_.empty()) aio_error_ = std::string("write failed: ") + std::strerror(errno);
+            if (aio_error_.empty()) aio_error_ = write_failed(errno);
             for (auto& f : inflight_) f.done = true;  // nothing more will come back
             break;
         }
@@ -263,8 +268,7 @@ void OutputFile::reap_one() {
             if (f.id != ev.data) continue;
             f.done = true;
             if (ev.res != static_cast<int64_t>(f.len) && aio_error_.empty())
-                aio_error_ = std::string("write failed: ") +
-                             (ev.res < 0 ? std::strerror(static_cast<int>(-ev.res)) : "short write");
+                aio_error_ = ev.res < 0 ? write_failed(static_cast<int>(-ev.res)) : "write failed: short write";
         }
     }
     InFlight f = std::move(inflight_.front());
@@ -291,7 +295,7 @@ void OutputFile::end_async() {
     if (!aio_error_.empty()) throw Error(path_, Error::no_offset, aio_error_);
     // Plain writes from here on go where the asynchronous ones ended.
     if (::lseek(fd_, static_cast<off_t>(file_off_), SEEK_SET) < 0)
-        throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        fail_write();
 }
 
 void OutputFile::no_direct() {
@@ -309,7 +313,7 @@ void OutputFile::raw_write(const char* p, size_t k) {
             no_direct();
             continue;
         }
-        if (r <= 0) throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        if (r <= 0) fail_write();
         p += r;
         k -= static_cast<size_t>(r);
     }
@@ -371,14 +375,14 @@ void OutputFile::commit() {
     if (codec_) sink(nullptr, 0, true);  // the writer is idle: safe to finish here
     // Asynchronous writes extended the file ahead of them: cut it to what was written.
     if (extended_to_ > written_ && ::ftruncate(fd_, static_cast<off_t>(written_)) != 0)
-        throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        fail_write();
     if (stdout_) {
         committed_ = true;
         return;
     }
     if (::close(fd_) != 0) {
         fd_ = -1;
-        throw Error(path_, Error::no_offset, std::string("write failed: ") + std::strerror(errno));
+        fail_write();
     }
     fd_ = -1;
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
