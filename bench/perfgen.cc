@@ -420,7 +420,7 @@ private:
             return;
         }
         Thread& th = threads_[static_cast<size_t>(cur)];
-        const size_t proc = static_cast<size_t>((th.pid - a_.pid_base) / 1000);
+        const size_t proc = proc_of(th);
         const int r = pct(rng_);
         switch (th.st) {
         case St::RunNoGil:
@@ -468,12 +468,15 @@ private:
         }
     }
 
+    // Index of a thread's process: pids are pid_base + 1000 * process.
+    size_t proc_of(const Thread& th) const { return static_cast<size_t>((th.pid - a_.pid_base) / 1000); }
+
     // Every change of a thread's state goes through here, to keep the
     // runnable index and the per-process take_gil sleepers in step.
     void set_st(int index, St st) {
         const auto i = static_cast<uint32_t>(index);
         Thread& th = threads_[i];
-        const size_t proc = static_cast<size_t>((th.pid - a_.pid_base) / 1000);
+        const size_t proc = proc_of(th);
         if (th.st == St::Runnable) runnable_.erase(i);
         if (th.st == St::GilSleep) gil_sleepers_[proc].erase(i);
         th.st = st;
