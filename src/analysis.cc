@@ -10,6 +10,7 @@
 #include "gilscan/output_file.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/process_maps.h"
+#include "gilscan/reader_stacks.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
 #include "gilscan/trace_writer.h"
@@ -54,9 +55,31 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // (unwinding to its first CPython frame by cached CFI rules) takes about
     // a microsecond, less than copying its stack to a worker.
     const bool workers = opt.jobs > 2 && opt.sleep_stacks > 0;
+    // -j 2 (and -j 3 and up without --sleep-stacks): the reader thread
+    // classifies sleeps too while the stages are behind (reader_stacks.h).
+    // Only for recordings that can carry stacks: pipe mode's attrs are not
+    // known yet, a file's are.
+    bool can_have_stacks = session.header().pipe;
+    for (const auto& ev : session.events()) can_have_stacks |= (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
+    const bool reader_stacks = !one_thread && !workers && opt.gil_evidence != "probes" && can_have_stacks &&
+                               opt.reader_stacks.value_or(true);
+    // The two classifiers share frame names (and so load each module's DWARF once).
+    std::shared_ptr<GilStackClassifier::NameCache> names;
+    if (reader_stacks) {
+        names = std::make_shared<GilStackClassifier::NameCache>(session.features().os_release, opt.sleep_stacks > 0);
+        if (opt.sleep_stacks) names->symbolizer = std::make_unique<DwarfUnwinder>(modules);
+    }
     // (With workers this one is unused, and reads no kernel symbols.)
     GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release,
-                              nullptr, !one_thread);
+                              names, !one_thread);
+    std::unique_ptr<ReaderStacks> ahead;
+    if (reader_stacks) {
+        ahead = std::make_unique<ReaderStacks>(modules, names, opt.sleep_stacks, session.features().os_release,
+                                               session.swap(), opt.gil_evidence == "auto");
+        if (opt.reader_stacks) ahead->set_always(*opt.reader_stacks);
+        session.set_reader_stage(ahead.get());
+    }
+    StackStats ahead_stats;  // of the labels the reader made and the stages used
 
     std::unique_ptr<ParallelStackClassifier> parallel;
     if (workers)
@@ -80,6 +103,12 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
             if (ps.cls == StateClass::Sleeping) label.ticket = parallel->submit(maps.snapshot(s.pid), s);
             return;
         }
+        if (const ReaderStacks::Note* n = ReaderStacks::note_of(s)) {  // the reader got there first
+            label = n->label;  // copied into the thread's label: its strings keep their capacity
+            ahead_stats += n->delta;
+            ++ahead_stats.from_reader;
+            return;
+        }
         stacks.classify(s, ev, ps, label);
     });
     if (parallel) timeline.set_resolver([&](int64_t t, bool wait) { return parallel->resolve(t, wait); });
@@ -93,7 +122,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // 8. Outputs.
     const auto threads = timeline.threads();
     FileSummary summary = build_summary(session, threads, opt.pids, &gil);
-    const StackStats sst = parallel ? parallel->stats() : stacks.stats();
+    StackStats sst = parallel ? parallel->stats() : stacks.stats();
+    sst += ahead_stats;
     summary.stack_stats = sst;
     for (const auto& p : parallel ? parallel->problems() : modules.problems())
         summary.warnings.push_back("cannot unwind through " + p);

@@ -186,16 +186,22 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph"}) {
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;
-            for (unsigned jobs : {1u, 2u, 3u}) {
+            uint64_t ref_sleeps = 0;
+            // 4: -j 2 with the reader thread classifying every sleep it can
+            // (by default it does so only when the stages are behind).
+            for (unsigned config : {1u, 2u, 3u, 4u}) {
+                const unsigned jobs = config == 4 ? 2 : config;
                 CAPTURE(name);
                 CAPTURE(frames);
-                CAPTURE(jobs);
+                CAPTURE(config);
                 AnalysisOptions o;
                 o.input = (kData / (name + ".data")).string();
                 o.output = (dir / "t.json").string();
                 o.sleep_stacks = frames;
                 o.jobs = jobs;
                 if (jobs > 1) o.reader_thread = true;
+                if (config == 4) o.reader_stacks = true;
+                if (config == 2) o.reader_stacks = false;
                 // Threads of this process while the records are read, beyond
                 // those before (a sanitizer's own): -j 1 adds none.
                 size_t most_threads = 0;
@@ -206,7 +212,13 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 else CHECK(most_threads >= before + 2);  // the reader and the trace writer
                 const std::string trace = slurp(o.output), summary = summary_json(fsum).dump();
                 REQUIRE(trace.size() > 1000);
+                // Every sleep classified by its stack got its label from the
+                // reader thread: it took the same sleeps as the stages would.
+                if (config == 4) CHECK(fsum.stack_stats.from_reader == ref_sleeps);
+                else CHECK(fsum.stack_stats.from_reader == 0);
                 if (jobs == 1) {
+                    ref_sleeps = fsum.stack_stats.sleeps_seen;
+                    if (name != "gil_combined") CHECK(ref_sleeps > 0);
                     ref_trace = trace;
                     ref_summary = summary;
                     if (frames && name != "gil_combined") CHECK(trace.find("\"stack\":[") != std::string::npos);

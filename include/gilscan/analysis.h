@@ -38,6 +38,10 @@ struct AnalysisOptions {
     // jobs - 2 threads unwind and symbolize the sleeps' stacks.
     unsigned jobs = 1;
     std::optional<bool> reader_thread;  // jobs >= 2: force the reader thread on or off (tests; default: from 4 MiB)
+    // With the reader thread: whether it classifies sleeps ahead of the stages
+    // (reader_stacks.h). Default: when the stages are behind. true: every
+    // sleep it can (tests), false: never.
+    std::optional<bool> reader_stacks;
     std::function<void(uint64_t, uint64_t)> progress;
 };
 

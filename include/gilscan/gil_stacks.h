@@ -41,6 +41,7 @@ struct StackStats {
     uint64_t stopped_early = 0;   // unwinding stopped before a CPython frame
     uint64_t failed = 0;          // no frame beyond the first
     uint64_t gil = 0, handoff = 0;
+    uint64_t from_reader = 0;     // of the decided and the rest: labels the reader thread made (-j 2; not reported)
     StackStats& operator+=(const StackStats& o) {
         sleeps_seen += o.sleeps_seen;
         not_python += o.not_python;
@@ -51,6 +52,20 @@ struct StackStats {
         failed += o.failed;
         gil += o.gil;
         handoff += o.handoff;
+        from_reader += o.from_reader;
+        return *this;
+    }
+    StackStats& operator-=(const StackStats& o) {
+        sleeps_seen -= o.sleeps_seen;
+        not_python -= o.not_python;
+        no_stack -= o.no_stack;
+        decided -= o.decided;
+        complete -= o.complete;
+        stopped_early -= o.stopped_early;
+        failed -= o.failed;
+        gil -= o.gil;
+        handoff -= o.handoff;
+        from_reader -= o.from_reader;
         return *this;
     }
 };

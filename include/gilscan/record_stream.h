@@ -74,6 +74,7 @@ struct RawRecord {
     uint64_t offset = 0;   // file offset of the record (of its COMPRESSED container if compressed)
     uint32_t chunk = kNoChunk;  // the ChunkTable buffer holding the bytes
     bool compressed = false;
+    const void* note = nullptr;  // a ReaderStage's note (session.h), on the stages' side
 };
 
 // The perf_event_header at p: type, misc, size. The body is the caller's to

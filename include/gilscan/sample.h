@@ -48,6 +48,7 @@ struct Sample : SampleId {
     uint64_t regs_intr_abi = 0;
     U64Array regs_intr;
     Bytes aux;
+    const void* note = nullptr;  // what a ReaderStage attached to the record (Session sets it)
 };
 
 // Parses the whole body; throws gilscan::Error when a count or size runs past it.

@@ -83,6 +83,24 @@ public:
     virtual void on_lost(const LostEvent&) {}
 };
 
+// A stage that runs on the reader thread (-j 2 and up, when the reader has a
+// thread of its own), on every record in delivery order just before it goes
+// to the stages: work the stages would otherwise do themselves, done while
+// the reader is ahead of them. A record's note (what on_record returned)
+// reaches the stages as Sample::note, and comes back to release() once the
+// stages have finished the record's batch. A note must hold nothing the
+// stages could not have worked out themselves: whether one is made depends
+// on timing, and the results must not.
+//
+//   struct Ahead : ReaderStage { ... };   Ahead a;   session.set_reader_stage(&a);
+class ReaderStage {
+public:
+    virtual ~ReaderStage() = default;
+    // spare: the stages have batches queued, so the reader has time for optional work.
+    virtual const void* on_record(const RawRecord& r, const EventInfo& ev, bool spare) = 0;
+    virtual void release(const void* note) = 0;
+};
+
 class Session {
 public:
     explicit Session(const std::string& path);
@@ -97,6 +115,8 @@ public:
     void set_chunk_size(size_t n) { chunk_size_ = n; }
     // Reader thread or not (default: from a 4 MiB data section on). Tests force both.
     void set_threaded(bool on) { threaded_ = on; }
+    // Runs only when the reader has a thread of its own (see set_threaded).
+    void set_reader_stage(ReaderStage* stage) { reader_stage_ = stage; }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -138,6 +158,7 @@ private:
     std::function<void(uint64_t, uint64_t)> progress_;
     size_t chunk_size_ = RecordStream::kChunkSize;
     std::optional<bool> threaded_;
+    ReaderStage* reader_stage_ = nullptr;
     // Written by the stages' thread for every record, so on cache lines of
     // their own: sharing one with what the reader thread reads for every
     // record (progress_ sat right after stats_) made each write take the line

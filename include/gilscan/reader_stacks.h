@@ -1,0 +1,79 @@
+// Stage (reader thread, -j 2): sleep stacks classified ahead of the stages
+// while the reader has time to spare.
+//
+//   ReaderStacks ahead(modules, names, sleep_stacks, release, session.swap(), /*stop_at_probes=*/true);
+//   session.set_reader_stage(&ahead);
+//   // in the sleep classifier, on the stages' thread:
+//   if (const ReaderStacks::Note* n = ReaderStacks::note_of(sample)) { label = n->label; stats += n->delta; }
+//   else gsc.classify(...);
+//
+// At -j 2 the reader thread frames and orders records and the stages' thread
+// does everything else; on a --call-graph dwarf capture the stages have
+// about three times the reader's work, most of it unwinding and naming
+// sleep stacks. This stage keeps its own copy of the address spaces (the
+// same MMAP/COMM/FORK records, in the same order, as the stages' ProcessMaps
+// sees) and, while batches wait for the stages, classifies each switch-out
+// into S right in the read chunk: no stack is copied, and the label rides to
+// the stages with the record. The stages classify any sleep it left out. A
+// label is a function of the sample and its address space, and frame names
+// come from the cache the two classifiers share, so who computes a label
+// changes nothing in the output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gilscan/gil_stacks.h"
+#include "gilscan/modules.h"
+#include "gilscan/process_maps.h"
+#include "gilscan/sched_events.h"
+#include "gilscan/session.h"
+
+namespace gilscan {
+
+class ReaderStacks : public ReaderStage {
+public:
+    struct Note {
+        SleepLabel label;
+        StackStats delta;  // what classifying it added to the classifier's counts
+    };
+
+    // stop_at_probes: GIL uprobes win once seen (--gil-evidence auto): the
+    // stages then ignore stacks, so from the first probe sample on nothing
+    // more is unwound here.
+    ReaderStacks(ModuleCache& modules, std::shared_ptr<GilStackClassifier::NameCache> names, unsigned stack_frames,
+                 const std::string& kernel_release, bool swap, bool stop_at_probes);
+
+    const void* on_record(const RawRecord& r, const EventInfo& ev, bool spare) override;
+    void release(const void* note) override;
+    // Make a note for every sleep, spare time or not (tests: the path is then taken whatever the timing).
+    void set_always(bool on) { always_ = on; }
+
+    static const Note* note_of(const Sample& s) { return static_cast<const Note*>(s.note); }
+    uint64_t notes_made() const { return made_; }
+
+private:
+    struct EventKind {
+        TpKind kind = TpKind::Other;
+        uint32_t generation = ~0u;
+    };
+    TpKind probe_kind(const EventInfo& ev);
+    const Note* classify(const Sample& s, const EventInfo& ev);
+
+    ProcessMaps maps_;
+    TracepointDecoder dec_;
+    GilStackClassifier gsc_;
+    std::vector<Sample> samples_;       // by event index, reused
+    std::vector<EventKind> probe_kinds_;  // by event index
+    std::vector<std::unique_ptr<Note>> notes_;
+    std::vector<Note*> free_;
+    bool swap_;
+    bool stop_at_probes_;
+    bool probes_seen_ = false;
+    bool always_ = false;
+    uint64_t made_ = 0;
+};
+
+}  // namespace gilscan

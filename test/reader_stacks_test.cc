@@ -1,0 +1,122 @@
+// The reader stage (reader_stacks.h) on synthetic recordings: which records
+// get a note, that notes reach the stages with their own records, and that a
+// GIL probe ends the work. That its labels equal the stages' own is checked
+// on real recordings by golden_test's -j comparison.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "gilscan/reader_stacks.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+
+namespace {
+
+// sched_switch with user registers and stack, beside take_gil probes.
+struct StackRecording {
+    GilRecording g;
+    StackRecording() {
+        PerfEventAttr& a = g.r.w.attrs[g.r.sw].attr;
+        a.sample_type |= PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+        a.sample_regs_user = 0x7;  // three registers
+        a.sample_stack_user = 64;
+    }
+    // A switch-out of tid 11 (process 10) at t, in `state`, with or without its stack.
+    void sleep(uint64_t t, int64_t state, bool stack = true) {
+        TestSample s;
+        s.pid = 10;
+        s.tid = 11;
+        s.time = t;
+        s.raw = g.r.w.raw(g.r.sw, {{"prev_pid", 11}, {"prev_state", state}, {"next_pid", 0},
+                                   {"prev_comm", 0, "worker", true}, {"next_comm", 0, "swapper", true}});
+        if (stack) {
+            s.regs_user = {1, 2, 3};
+            s.stack.assign(64, 0xab);
+        }
+        g.r.w.sample(g.r.sw, s);
+    }
+};
+
+// Runs the recording with the reader thread and a stage making every note it
+// can; returns, by sample time, whether the sample reached the stages with a
+// note and how many sleeps that note's classification counted.
+std::map<uint64_t, int> notes_by_time(const std::vector<uint8_t>& bytes, bool stop_at_probes, uint64_t* made) {
+    Session s("reader_stacks.data", Bytes(bytes.data(), bytes.size()));
+    s.set_threaded(true);
+    ModuleCache modules{ModuleOptions{}};
+    auto names = std::make_shared<GilStackClassifier::NameCache>("", false);
+    ReaderStacks ahead(modules, names, 0, "", s.swap(), stop_at_probes);
+    ahead.set_always(true);
+    s.set_reader_stage(&ahead);
+    struct Sink : EventSink {
+        std::map<uint64_t, int> seen;
+        void on_sample(const Sample& smp, const EventInfo&) override {
+            const ReaderStacks::Note* n = ReaderStacks::note_of(smp);
+            seen[smp.time] = n ? static_cast<int>(n->delta.sleeps_seen) : -1;
+        }
+    } sink;
+    s.run(sink);
+    *made = ahead.notes_made();
+    return sink.seen;
+}
+
+}  // namespace
+
+TEST_CASE("reader stage: a note for each switch-out into S with a stack, on its own record") {
+    StackRecording r;
+    r.sleep(100, 1);                 // S: noted
+    r.sleep(200, 2);                 // D: the stages classify only S by stacks
+    r.sleep(300, 0);                 // R (preempted)
+    r.sleep(400, 1, false);          // S without registers and stack
+    r.sleep(500, 1);                 // S again
+    r.g.ev(r.g.take, 600, 11);       // not a sched_switch: never noted (and here no probe stop)
+    uint64_t made = 0;
+    auto seen = notes_by_time(r.g.r.w.build(), false, &made);
+    CHECK(seen == std::map<uint64_t, int>{{100, 1}, {200, -1}, {300, -1}, {400, -1}, {500, 1}, {600, -1}});
+    CHECK(made == 2);
+}
+
+TEST_CASE("reader stage: from the first GIL probe sample on, sleeps are left to the probes") {
+    for (bool stop : {true, false}) {
+        CAPTURE(stop);
+        StackRecording r;
+        r.sleep(100, 1);
+        r.g.ev(r.g.take, 150, 12);
+        r.sleep(200, 1);
+        r.sleep(300, 1);
+        uint64_t made = 0;
+        auto seen = notes_by_time(r.g.r.w.build(), stop, &made);
+        if (stop) {
+            CHECK(seen == std::map<uint64_t, int>{{100, 1}, {150, -1}, {200, -1}, {300, -1}});
+            CHECK(made == 1);
+        } else {
+            CHECK(seen == std::map<uint64_t, int>{{100, 1}, {150, -1}, {200, 1}, {300, 1}});
+            CHECK(made == 3);
+        }
+    }
+}
+
+TEST_CASE("reader stage: inline reading (no reader thread) runs no stage") {
+    StackRecording r;
+    r.sleep(100, 1);
+    const auto bytes = r.g.r.w.build();
+    Session s("reader_stacks.data", Bytes(bytes.data(), bytes.size()));
+    s.set_threaded(false);
+    ModuleCache modules{ModuleOptions{}};
+    ReaderStacks ahead(modules, std::make_shared<GilStackClassifier::NameCache>("", false), 0, "", s.swap(), true);
+    ahead.set_always(true);
+    s.set_reader_stage(&ahead);
+    struct Sink : EventSink {
+        int samples = 0, noted = 0;
+        void on_sample(const Sample& smp, const EventInfo&) override {
+            ++samples;
+            noted += smp.note != nullptr;
+        }
+    } sink;
+    s.run(sink);
+    CHECK(sink.samples == 1);
+    CHECK(sink.noted == 0);
+    CHECK(ahead.notes_made() == 0);
+}
