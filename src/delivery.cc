@@ -25,13 +25,11 @@ struct Handed {
     bool compressed;
     const void* note;  // the ReaderStage's, or nullptr
 };
-// The reader stage's optional work is done while at least this many batches
-// wait for the stages: then the stages are the slower side, and what the
-// reader does for them comes off the longer of the two threads' work. Half
-// the in-flight bytes in 256 KiB batches (a stack capture's): from 2 on, the
-// reader took over so much that it became the slower side, and the stages
-// waited for it 40% of the time (0.25 s against 0.21-0.22 s from 4 to 12).
-constexpr size_t kSpareFrom = 8;
+// The reader stage's optional work is done while the queue is all but full
+// (within two batches of kInFlightBytes): the reader would soon wait for the
+// stages anyway, so what it does for them comes off the longer of the two
+// threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
+// reader took so much over that the stages waited for it 40% of the time.
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every
 // chunk a queued record keeps alive is memory that was fresh once, and a
@@ -42,6 +40,7 @@ constexpr size_t kBatch = 4096;
 constexpr size_t kBatchBytes = 256u << 10;
 constexpr size_t kInFlightBytes = 4u << 20;
 constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
+constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
 
 // What the reader writes for every record, on cache lines of its own (heap,
 // 128-aligned, its size a multiple of 128). As locals of run() these shared
@@ -142,7 +141,7 @@ void Session::run(EventSink& sink) {
             const void* note = nullptr;
             if (stage) {
                 const int ev = event_for(rec);  // records of unknown events were never queued
-                if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued() >= kSpareFrom);
+                if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued_bytes() >= kSpareFrom);
             }
             batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed, note});
             rd.batch_bytes += rec.size;

@@ -37,8 +37,8 @@ public:
         });
         if (aborted_) return false;
         full_.push_back({std::move(batch), bytes});
-        queued_.store(full_.size(), std::memory_order_relaxed);
         queued_bytes_ += bytes;
+        queued_.store(queued_bytes_, std::memory_order_relaxed);
         ++pushed_;
         cv_.notify_all();
         return true;
@@ -50,7 +50,7 @@ public:
         out = std::move(full_.front().batch);
         queued_bytes_ -= full_.front().bytes;
         full_.pop_front();
-        queued_.store(full_.size(), std::memory_order_relaxed);
+        queued_.store(queued_bytes_, std::memory_order_relaxed);
         cv_.notify_all();
         return true;
     }
@@ -67,8 +67,8 @@ public:
         done_.pop_back();
         return true;
     }
-    // Batches waiting for the consumer (a hint, read without the lock).
-    size_t queued() const { return queued_.load(std::memory_order_relaxed); }
+    // Bytes of the batches waiting for the consumer (a hint, read without the lock).
+    size_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
     // Until the consumer has finished every batch pushed so far; false if it gave up.
     bool wait_idle() {
         std::unique_lock<std::mutex> l(mu_);
@@ -97,7 +97,7 @@ private:
     std::vector<std::vector<T>> done_;
     size_t max_, max_bytes_;
     size_t queued_bytes_ = 0;
-    std::atomic<size_t> queued_{0};
+    std::atomic<size_t> queued_{0};  // queued_bytes_, for reading without the lock
     uint64_t pushed_ = 0, finished_ = 0;
     bool closed_ = false, aborted_ = false;
 };
