@@ -4,6 +4,7 @@
 #include <memory>
 #include <thread>
 
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/gil_probes.h"
 #include "gilscan/gil_stacks.h"
 #include "gilscan/modules.h"
@@ -31,6 +32,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     const bool one_thread = opt.jobs <= 1;
     if (one_thread) session.set_threaded(false);
     else if (opt.reader_thread) session.set_threaded(*opt.reader_thread);
+    // A cache entry made during this run inflates on both threads from -j 2.
+    set_debuginfo_cache(opt.debuginfo_cache, one_thread ? 1 : 2);
 
     // Outputs are opened up front but only committed when everything worked.
     std::unique_ptr<OutputFile> trace_out;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gilscan/analysis.h"
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output_file.h"
 
@@ -241,6 +242,7 @@ int batch_main(int argc, char** argv) {
                 }
                 o.symfs = symfs;
                 o.gil_evidence = evidence;
+                o.debuginfo_cache = default_debuginfo_cache_dir();
                 // The threads split between the recordings analysed at once:
                 // many recordings, one thread each; fewer than -j, several.
                 o.jobs = std::max(1u, jobs / static_cast<unsigned>(std::min<size_t>(jobs, inputs.size())));

@@ -17,6 +17,7 @@
 
 #include "gilscan/analysis.h"
 #include "gilscan/batch.h"
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output_file.h"
 #include "gilscan/probe.h"
@@ -54,6 +55,12 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
                            perf build-id cache there)
+      --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
+                           *-dbg packages) in DIR, by build-id, so that later runs
+                           skip the inflate (default: $GILSCAN_CACHE_DIR, else
+                           $XDG_CACHE_HOME/gilscan, else ~/.cache/gilscan; plus
+                           /debuginfo). Safe to delete at any time
+      --no-cache           neither use nor fill that cache
       --all-threads        table: every thread, also of processes without GIL
                            events when the recording has GIL uprobes
   -q, --quiet              no summary table on stdout
@@ -77,6 +84,7 @@ struct Options {
     unsigned sleep_stacks = 0;
     unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
+    std::string cache_dir = gilscan::default_debuginfo_cache_dir();
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -141,6 +149,11 @@ Options parse_args(int argc, char** argv) {
             o.sleep_stacks = static_cast<unsigned>(n);
         } else if (a == "--symfs") {
             o.symfs = value("--symfs");
+        } else if (a == "--cache-dir") {
+            o.cache_dir = value("--cache-dir");
+            if (o.cache_dir.empty()) usage_error("--cache-dir needs a directory");
+        } else if (a == "--no-cache") {
+            o.cache_dir.clear();
         } else if (a == "--all-threads") {
             o.all_threads = true;
         } else if (a == "-q" || a == "--quiet") {
@@ -167,6 +180,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.symfs = opt.symfs;
     a.sleep_stacks = opt.sleep_stacks;
     a.jobs = opt.jobs;
+    a.debuginfo_cache = opt.cache_dir;
     if (opt.progress) {
         a.progress = [input = opt.input](uint64_t done, uint64_t total) {
             std::fprintf(stderr, "\rgilscan: analysing %s: %3d%%", input.c_str(),

@@ -1,6 +1,7 @@
 #include "gilscan/unwind.h"
 
 #include "gilscan/cfi_rules.h"
+#include "gilscan/debuginfo_cache.h"
 
 #include <bit>
 #include <cstring>
@@ -70,10 +71,40 @@ struct DwarfUnwinder::Space {
 
 namespace {
 
+// A module's separate debug file from the build-id tree, as its inflated
+// copy in the cache (debuginfo_cache.h), before libdwfl's own search. Not
+// after it: dwfl_standard_find_debuginfo opens the file it finds as the
+// module's debug Elf itself, and that Elf is the one libdw then inflates.
+// A debuglink name with a '/' is a dwz alternate file's (.gnu_debugaltlink):
+// libdwfl's business.
+int find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base, const char* file_name,
+                   const char* debuglink_file, GElf_Word debuglink_crc, char** debuginfo_file_name) {
+    const unsigned char* bits = nullptr;
+    GElf_Addr vaddr = 0;
+    const int n = (debuglink_file && std::strchr(debuglink_file, '/')) ? 0 : dwfl_module_build_id(mod, &bits, &vaddr);
+    if (n > 1) {
+        static const char kHex[] = "0123456789abcdef";
+        std::string id;
+        for (int i = 0; i < n; ++i) {
+            id += kHex[bits[i] >> 4];
+            id += kHex[bits[i] & 15];
+        }
+        std::string path;
+        const int fd = cached_debuginfo_fd(id, "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug",
+                                           &path);
+        if (fd >= 0) {
+            *debuginfo_file_name = ::strdup(path.c_str());
+            return fd;
+        }
+    }
+    return dwfl_standard_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file, debuglink_crc,
+                                        debuginfo_file_name);
+}
+
 char* g_debuginfo_path = nullptr;
 const Dwfl_Callbacks kCallbacks = {
     dwfl_build_id_find_elf,
-    dwfl_standard_find_debuginfo,
+    find_debuginfo,
     dwfl_offline_section_address,
     &g_debuginfo_path,
 };

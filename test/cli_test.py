@@ -23,6 +23,8 @@ def run(*args):
 
 with tempfile.TemporaryDirectory() as tmp:
     trace, summ = os.path.join(tmp, "trace.json"), os.path.join(tmp, "s.json")
+    # The debuginfo cache of every run here: not the user's ~/.cache.
+    os.environ["GILSCAN_CACHE_DIR"] = os.path.join(tmp, "cache")
 
     # A real recording: trace and summary
     r = run(os.path.join(DATA, "plain.data"), "-o", trace, "--summary-json", summ)
@@ -142,6 +144,28 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r.returncode == 0, f"-j {j} without --sleep-stacks")
         plain.append(open(t_, "rb").read())
     check(plain[0] == plain[1] and b'"S(GIL)"' in plain[0], "-j without --sleep-stacks: the same classification")
+
+    # The debuginfo cache (inflated copies of compressed debug files, by
+    # build-id): $GILSCAN_CACHE_DIR/debuginfo by default, --cache-dir DIR,
+    # --no-cache; the same trace cold, warm and without it. stacks_py311's
+    # glibc frames are named from libc6-dbg's zlib-compressed debug file.
+    stk = os.path.join(DATA, "stacks_py311.data")
+    dirs = {"env": os.path.join(tmp, "env-cache"), "flag": os.path.join(tmp, "flag-cache"),
+            "none": os.path.join(tmp, "no-cache")}
+    cached = []
+    for name, env_dir, extra in (("cold", dirs["env"], ()), ("warm", dirs["env"], ()),
+                                 ("flag", dirs["none"], ("--cache-dir", dirs["flag"])),
+                                 ("off", dirs["none"], ("--no-cache",))):
+        t_ = os.path.join(tmp, f"cache-{name}.json")
+        r = subprocess.run([GILSCAN, stk, "-q", "--sleep-stacks", "16", "-o", t_, *extra], capture_output=True,
+                           text=True, env={**os.environ, "GILSCAN_CACHE_DIR": env_dir})
+        check(r.returncode == 0, f"cache run {name} ({r.stderr[-300:]})")
+        cached.append(open(t_, "rb").read())
+    check(b"[inlined] __pthread_cond_wait_common (libc.so.6)" in cached[0], "glibc inline frames named")
+    check(all(c == cached[3] for c in cached), "the same trace cold, warm, with --cache-dir and with --no-cache")
+    check(len(glob.glob(os.path.join(dirs["env"], "debuginfo", "*.debug"))) == 1, "default: $GILSCAN_CACHE_DIR/debuginfo")
+    check(len(glob.glob(os.path.join(dirs["flag"], "*.debug"))) == 1, "--cache-dir DIR: entries in DIR")
+    check(not os.path.exists(dirs["none"]), "--no-cache writes nothing")
 
     # A write error in the background writer is an error of the run, not a short trace
     if os.path.exists("/dev/full"):

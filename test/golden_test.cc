@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gilscan/analysis.h"
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/header.h"
 #include "gilscan/mapped_file.h"
 #include "gilscan/output_file.h"
@@ -318,4 +319,32 @@ TEST_CASE("golden: truncated copy yields the records before the cut and a warnin
     bool offset_named = false;
     for (auto& w : a.stats.warnings) offset_named |= w.find("at byte " + std::to_string(pos)) != std::string::npos;
     CHECK(offset_named);
+}
+
+TEST_CASE("debuginfo cache: a recording's sleep stacks are the same without the cache, cold and warm") {
+    // stacks_py311 was recorded on this project's machine: its glibc frames
+    // carry inline names from libc6-dbg's compressed debug file.
+    const fs::path dir = fs::current_path() / "golden_dicache.tmp";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto trace = [&](const std::string& cache) {
+        AnalysisOptions o;
+        o.input = (kData / "stacks_py311.data").string();
+        o.output = (dir / "t.json").string();
+        o.sleep_stacks = 16;
+        o.debuginfo_cache = cache;
+        analyse_recording(o);
+        std::ifstream f(o.output, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return ss.str();
+    };
+    const std::string none = trace("");
+    const std::string cold = trace((dir / "c").string());
+    const std::string warm = trace((dir / "c").string());
+    CHECK(none.find("[inlined] __pthread_cond_wait_common (libc.so.6)") != std::string::npos);
+    CHECK(cold == none);
+    CHECK(warm == none);
+    set_debuginfo_cache("", 1);
+    fs::remove_all(dir);
 }

@@ -43,6 +43,8 @@ struct AnalysisOptions {
     // sleep it can (tests), false: never.
     std::optional<bool> reader_stacks;
     std::function<void(uint64_t, uint64_t)> progress;
+    // Where inflated copies of compressed debug files are kept (debuginfo_cache.h); "": none.
+    std::string debuginfo_cache;
 };
 
 FileSummary analyse_recording(const AnalysisOptions& opt);

@@ -1,0 +1,48 @@
+// Separate debug files with compressed DWARF, kept inflated in a cache
+// directory keyed by build-id (like perf's ~/.debug and debuginfod's cache).
+//
+//   set_debuginfo_cache(default_debuginfo_cache_dir(), 2);   // main: once
+//   // libdwfl's find_debuginfo callback (unwind.cc), before its standard search:
+//   std::string path;
+//   int fd = cached_debuginfo_fd(id, "/usr/lib/debug/.build-id/93/ac61...debug", &path);  // -1: search as usual
+//
+// Why: the first time a module's DWARF is used (inline names of a frame),
+// libdw's dwarf_begin_elf inflates every compressed .debug_* section of its
+// debug file. Debian ships them zlib-compressed: glibc's is 3.8 MB inflating
+// to 10 MB, some 55 ms of zlib on the thread that first names a frame, while
+// at -j 2 the other thread waits for the names too. From the cache, libdw
+// maps the inflated file and has nothing to inflate.
+//
+// A cache entry is the same ELF with each compressed section inflated: the
+// ELF and program headers where they were, every section with contents in
+// file order (inflated or as is), then the section header table. Only
+// ELF64 little-endian files with ELFCOMPRESS_ZLIB sections and a GNU
+// build-id are cached; anything else goes to libdw unchanged. Entries are
+// written to a temporary file and renamed into place, and are checked
+// against the debug file's build-id and expected size before use.
+#pragma once
+
+#include <string>
+
+namespace gilscan {
+
+// "" turns the cache off (the default). threads: sections inflated in
+// parallel when an entry is made (-j 1: 1).
+void set_debuginfo_cache(std::string dir, unsigned threads);
+// $GILSCAN_CACHE_DIR, else $XDG_CACHE_HOME/gilscan, else $HOME/.cache/gilscan
+// ("" when none is set), plus "/debuginfo".
+std::string default_debuginfo_cache_dir();
+
+// The cache entry for a build-id (lowercase hex): made from `debug_file`
+// (the separate debug file of that build-id) when missing. Returns its fd
+// (the caller's to close) and path, or -1: no cache, no such debug file, a
+// different build-id, or nothing worth inflating.
+int cached_debuginfo_fd(const std::string& build_id_hex, const std::string& debug_file, std::string* entry_path);
+
+// The pieces, for tests. The GNU build-id (hex) of an ELF file, "" if none.
+std::string elf_build_id_hex(int fd);
+// Writes the inflated copy of `in` to the file `out` (truncated first):
+// false when `in` has nothing to inflate or is not an ELF this handles.
+bool write_inflated_elf(int in, int out, unsigned threads);
+
+}  // namespace gilscan
