@@ -23,6 +23,7 @@
 #include <zlib.h>
 
 #include "gilscan/debuginfo_cache.h"
+#include "perf_writer.h"
 
 using namespace gilscan;
 namespace fs = std::filesystem;
@@ -157,13 +158,8 @@ std::vector<Sec> debug_sections(const std::string& id = kId, size_t info_bytes =
     };
 }
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        char t[] = "/tmp/gilscan-dicache-XXXXXX";
-        path = ::mkdtemp(t);
-    }
-    ~TempDir() { fs::remove_all(path); }
+struct TempDir : gilscan::test::TempDir {
+    TempDir() : gilscan::test::TempDir("gilscan-dicache") {}
 };
 
 void write_file(const fs::path& p, const std::vector<uint8_t>& b) {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "gilscan/modules.h"
+#include "perf_writer.h"
 
 using namespace gilscan;
 namespace fs = std::filesystem;
@@ -34,13 +35,9 @@ void *PyEval_SaveThread(void) { drop_gil(); return 0; }
 void PyEval_ReleaseThread(void *t) { (void)t; drop_gil(); }
 )";
 
-struct Workdir {
-    fs::path dir;
-    Workdir() {
-        char tmpl[] = "/tmp/gilscan-mod-XXXXXX";
-        dir = ::mkdtemp(tmpl);
-    }
-    ~Workdir() { fs::remove_all(dir); }
+struct Workdir : gilscan::test::TempDir {
+    Workdir() : TempDir("gilscan-mod") {}
+    const fs::path& dir = path;
     int sh(const std::string& cmd) const { return std::system(("cd " + dir.string() + " && " + cmd).c_str()); }
 };
 

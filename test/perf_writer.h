@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <stdexcept>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include <stdlib.h>
 #include <zstd.h>
 
 #include "gilscan/cursor.h"
@@ -536,6 +538,22 @@ public:
         o.bytes(data.data(), data.size());
         return o.b;
     }
+};
+
+// A fresh directory under /tmp, removed with everything in it afterwards.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& prefix = "gilscan-test") {
+        std::string t = "/tmp/" + prefix + "-XXXXXX";
+        if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
+        path = t;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
 };
 
 // Writes bytes to a fresh temporary file and removes it afterwards.
