@@ -24,8 +24,9 @@ namespace {
 
 // Below this much deflated DWARF, libdw's own inflate is quick enough.
 constexpr uint64_t kWorthFrom = 64u << 10;
-// No debug section of a real binary comes near this.
+// No debug section of a real binary comes near these.
 constexpr uint64_t kMaxSection = 1ull << 30;
+constexpr uint64_t kMaxTotal = 4ull << 30;
 
 std::mutex g_mu;  // the settings, and one entry made at a time per process
 std::string g_dir;
@@ -115,25 +116,29 @@ bool plan(const MappedElf& in, Layout& lay) {
     if (deflated < kWorthFrom) return false;
     lay.shoff = align_up(at, 8);
     lay.out_size = lay.shoff + in.sh.size() * sizeof(Elf64_Shdr);
-    return true;
+    return lay.out_size <= kMaxTotal;
 }
 
 bool inflate_one(const uint8_t* in, uint64_t in_size, uint8_t* out, uint64_t out_size) {
+    // zlib counts in uInt; sections are below kMaxSection (1 GiB), one piece each.
+    if (in_size > kMaxSection || out_size > kMaxSection) return false;
     z_stream z{};
     if (inflateInit(&z) != Z_OK) return false;
-    // zlib counts in uInt; sections are below kMaxSection (1 GiB), one piece each.
     z.next_in = const_cast<Bytef*>(in);
     z.avail_in = static_cast<uInt>(in_size);
     z.next_out = out;
     z.avail_out = static_cast<uInt>(out_size);
-    const bool ok = in_size <= kMaxSection && inflate(&z, Z_FINISH) == Z_STREAM_END && z.total_out == out_size;
+    const bool ok = inflate(&z, Z_FINISH) == Z_STREAM_END && z.total_out == out_size;
     inflateEnd(&z);
     return ok;
 }
 
 // Fills `out` (a file of lay.out_size bytes, mapped shared) from `in`.
 bool fill(const MappedElf& in, const Layout& lay, int out_fd, unsigned threads) {
-    if (::ftruncate(out_fd, static_cast<off_t>(lay.out_size)) != 0) return false;
+    // The blocks are allocated up front: a write through the mapping to a
+    // disk that turns out to be full would be a SIGBUS, not an error.
+    if (::ftruncate(out_fd, 0) != 0 || ::posix_fallocate(out_fd, 0, static_cast<off_t>(lay.out_size)) != 0)
+        return false;
     void* m = ::mmap(nullptr, lay.out_size, PROT_READ | PROT_WRITE, MAP_SHARED, out_fd, 0);
     if (m == MAP_FAILED) return false;
     auto* out = static_cast<uint8_t*>(m);

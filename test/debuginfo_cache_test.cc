@@ -14,10 +14,14 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include <elf.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <libelf.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -330,6 +334,48 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
     write_file(debug, make_elf(debug_sections(other), true));
     CHECK(cached_debuginfo_fd(other, debug, &path) == -1);
     CHECK(count_files() == 1);
+
+    // A file size limit under the entry's size (RLIMIT_FSIZE, SIGXFSZ
+    // ignored): no entry and no temporary.
+    {
+        const std::string third = "bb" + kId.substr(2);
+        write_file(debug, make_elf(debug_sections(third)));
+        struct rlimit old {};
+        REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+        auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+        struct rlimit lim = old;
+        lim.rlim_cur = 100u << 10;
+        REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+        const int refused = cached_debuginfo_fd(third, debug, &path);
+        ::setrlimit(RLIMIT_FSIZE, &old);
+        std::signal(SIGXFSZ, old_handler);
+        CHECK(refused == -1);
+        CHECK(count_files() == 1);
+        fd = cached_debuginfo_fd(third, debug, &path);  // and with room, it is made
+        CHECK(fd >= 0);
+        if (fd >= 0) ::close(fd);
+        CHECK(count_files() == 2);
+    }
+
+    // A full disk: a 256 KiB tmpfs (as root; the tests run as root in CI).
+    // The entry's blocks are allocated before it is written through its
+    // mapping, so this is a refusal, not a SIGBUS.
+    {
+        const fs::path small = dir.path / "small";
+        fs::create_directories(small);
+        if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=256k") != 0) {
+            MESSAGE("not root: the full-disk case is not run");
+        } else {
+            set_debuginfo_cache(small.string(), 1);
+            const std::string fourth = "cc" + kId.substr(2);
+            write_file(debug, make_elf(debug_sections(fourth)));
+            CHECK(cached_debuginfo_fd(fourth, debug, &path) == -1);
+            size_t left = 0;
+            for ([[maybe_unused]] const auto& e : fs::directory_iterator(small)) ++left;
+            CHECK(left == 0);
+            ::umount(small.c_str());
+        }
+    }
 
     // An unusable cache directory (a file's path) just means no cache.
     set_debuginfo_cache((dir.path / "lib.debug" / "sub").string(), 1);
