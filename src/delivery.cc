@@ -25,11 +25,6 @@ struct Handed {
     bool compressed;
     const void* note;  // the ReaderStage's, or nullptr
 };
-// The reader stage's optional work is done while the queue is all but full
-// (within two batches of kInFlightBytes): the reader would soon wait for the
-// stages anyway, so what it does for them comes off the longer of the two
-// threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
-// reader took so much over that the stages waited for it 40% of the time.
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every
 // chunk a queued record keeps alive is memory that was fresh once, and a
@@ -40,6 +35,11 @@ constexpr size_t kBatch = 4096;
 constexpr size_t kBatchBytes = 256u << 10;
 constexpr size_t kInFlightBytes = 4u << 20;
 constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get the reader thread
+// The reader stage's optional work is done while the queue is all but full
+// (within two batches of kInFlightBytes): the reader would soon wait for the
+// stages anyway, so what it does for them comes off the longer of the two
+// threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
+// reader took so much over that the stages waited for it 40% of the time.
 constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
 
 // What the reader writes for every record, on cache lines of its own (heap,
