@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "gilscan/elf_note.h"
+
 namespace gilscan {
 
 namespace {
@@ -186,28 +188,10 @@ bool fill(const MappedElf& in, const Layout& lay, int out_fd, unsigned threads) 
 }
 
 std::string build_id(const MappedElf& in) {
-    static const char kHex[] = "0123456789abcdef";
     for (const Elf64_Shdr& s : in.sh) {
         if (s.sh_type != SHT_NOTE || (s.sh_flags & SHF_COMPRESSED) || !in.in_file(s.sh_offset, s.sh_size)) continue;
-        uint64_t off = s.sh_offset;
-        const uint64_t end = s.sh_offset + s.sh_size;
-        while (end - off >= sizeof(Elf64_Nhdr)) {
-            Elf64_Nhdr nh;
-            std::memcpy(&nh, in.p + off, sizeof nh);
-            const uint64_t name_at = off + sizeof nh, desc_at = name_at + align_up(nh.n_namesz, 4);
-            const uint64_t next = desc_at + align_up(nh.n_descsz, 4);
-            if (next > end || next <= off) break;
-            if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 && std::memcmp(in.p + name_at, "GNU", 4) == 0 &&
-                nh.n_descsz > 0 && nh.n_descsz <= 64) {
-                std::string hex;
-                for (uint32_t k = 0; k < nh.n_descsz; ++k) {
-                    hex += kHex[in.p[desc_at + k] >> 4];
-                    hex += kHex[in.p[desc_at + k] & 15];
-                }
-                return hex;
-            }
-            off = next;
-        }
+        std::string id = gnu_build_id_hex(Bytes(in.p + s.sh_offset, s.sh_size));
+        if (!id.empty()) return id;
     }
     return "";
 }

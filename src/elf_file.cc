@@ -5,6 +5,8 @@
 
 #include <lzma.h>
 
+#include "gilscan/elf_note.h"
+
 namespace gilscan {
 
 namespace {
@@ -15,6 +17,21 @@ constexpr uint32_t SHN_UNDEF = 0;
 constexpr uint32_t NT_GNU_BUILD_ID = 3;
 
 }  // namespace
+
+std::string gnu_build_id_hex(Bytes notes) {
+    Cursor nc(notes, false, nullptr, 0);
+    while (nc.left() >= 12) {
+        uint32_t namesz = nc.read<uint32_t>(), descsz = nc.read<uint32_t>(), type = nc.read<uint32_t>();
+        uint64_t nsz = (namesz + 3u) & ~3u, dsz = (descsz + 3u) & ~3u;
+        if (nsz > nc.left()) break;
+        Bytes name = nc.bytes(nsz);
+        if (dsz > nc.left()) break;
+        Bytes desc = nc.bytes(dsz);
+        if (type == NT_GNU_BUILD_ID && namesz == 4 && std::memcmp(name.data(), "GNU", 4) == 0)
+            return to_hex(desc.first(descsz));
+    }
+    return "";
+}
 
 std::string_view symbol_base_name(std::string_view name) {
     name = name.substr(0, name.find('@'));  // symbol versions: pthread_cond_timedwait@@GLIBC_2.3.2
@@ -135,17 +152,7 @@ void ElfFile::parse() {
     // Build id: from the note sections (or PT_NOTE when sections are gone).
     auto scan_notes = [&](uint64_t off, uint64_t size) {
         if (off > b.size() || size > b.size() - off) return;
-        Cursor nc(b.subspan(off, size), false, &p, off);
-        while (nc.left() >= 12 && build_id_.empty()) {
-            uint32_t namesz = nc.read<uint32_t>(), descsz = nc.read<uint32_t>(), type = nc.read<uint32_t>();
-            uint64_t nsz = (namesz + 3u) & ~3u, dsz = (descsz + 3u) & ~3u;
-            if (nsz > nc.left()) break;
-            Bytes name = nc.bytes(nsz);
-            if (dsz > nc.left()) break;
-            Bytes desc = nc.bytes(dsz);
-            if (type == NT_GNU_BUILD_ID && namesz == 4 && std::memcmp(name.data(), "GNU", 4) == 0)
-                build_id_ = to_hex(desc.first(descsz));
-        }
+        if (build_id_.empty()) build_id_ = gnu_build_id_hex(b.subspan(off, size));
     };
     for (const auto& s : sections_)
         if (s.type == SHT_NOTE) scan_notes(s.offset, s.size);

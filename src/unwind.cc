@@ -83,12 +83,7 @@ int find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf
     GElf_Addr vaddr = 0;
     const int n = (debuglink_file && std::strchr(debuglink_file, '/')) ? 0 : dwfl_module_build_id(mod, &bits, &vaddr);
     if (n > 1) {
-        static const char kHex[] = "0123456789abcdef";
-        std::string id;
-        for (int i = 0; i < n; ++i) {
-            id += kHex[bits[i] >> 4];
-            id += kHex[bits[i] & 15];
-        }
+        const std::string id = to_hex(Bytes(bits, static_cast<size_t>(n)));
         std::string path;
         const int fd = cached_debuginfo_fd(id, "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug",
                                            &path);
