@@ -94,8 +94,7 @@ void GilTracker::on_sample(const Sample& s, const EventInfo& ev) {
     Kind& kk = kinds_[static_cast<size_t>(ev.index)];
     if (kk.generation != ev.generation) kk = {gil_probe_kind(ev.name), ev.generation};  // first sight, or renamed
     const TpKind k = kk.kind;
-    if (k != TpKind::GilTake && k != TpKind::GilTakeReturn && k != TpKind::GilDrop && k != TpKind::GilDropReturn)
-        return;
+    if (!is_gil_probe(k)) return;
     if (s.tid <= 0) return;
     ++probe_events_;
     const uint64_t t = s.time;

@@ -49,11 +49,7 @@ const void* ReaderStacks::on_record(const RawRecord& r, const EventInfo& ev, boo
         if (probes_seen_ || !(spare || always_)) {
             // Only a GIL probe's sample matters now (it ends the work here);
             // scheduler samples are left to the stages.
-            if (!stop_at_probes_ || probes_seen_) return nullptr;
-            const TpKind pk = probe_kind(ev);
-            if (pk != TpKind::GilTake && pk != TpKind::GilTakeReturn && pk != TpKind::GilDrop &&
-                pk != TpKind::GilDropReturn)
-                return nullptr;
+            if (!stop_at_probes_ || probes_seen_ || !is_gil_probe(probe_kind(ev))) return nullptr;
         }
         const size_t i = static_cast<size_t>(ev.index);
         if (samples_.size() <= i) samples_.resize(i + 1);
@@ -70,13 +66,9 @@ const ReaderStacks::Note* ReaderStacks::classify(const Sample& s, const EventInf
     // classification: GilTracker (a probe sample), Timeline::on_sample (a
     // decodable sched_switch of a real task into S), and analysis.cc's
     // classifier (user registers and stack recorded).
-    if (stop_at_probes_) {
-        const TpKind pk = probe_kind(ev);
-        if ((pk == TpKind::GilTake || pk == TpKind::GilTakeReturn || pk == TpKind::GilDrop ||
-             pk == TpKind::GilDropReturn) && s.tid > 0) {
-            probes_seen_ = true;
-            return nullptr;
-        }
+    if (stop_at_probes_ && s.tid > 0 && is_gil_probe(probe_kind(ev))) {
+        probes_seen_ = true;
+        return nullptr;
     }
     if (dec_.kind(ev) != TpKind::SchedSwitch) return nullptr;
     SchedSwitch sw;

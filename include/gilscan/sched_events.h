@@ -35,7 +35,7 @@ enum class TpKind : uint8_t {
     SchedProcessFork,
     SchedProcessExit,
     SchedProcessExec,
-    GilTake,
+    GilTake,  // GilTake .. GilDropReturn together, in this order: is_gil_probe()
     GilTakeReturn,
     GilDrop,
     GilDropReturn,
@@ -44,6 +44,8 @@ enum class TpKind : uint8_t {
 // Uprobe event names: take_gil, take_gil__return, take_gil_1 (perf's suffix
 // for an inlined function placed several times), any group.
 TpKind gil_probe_kind(std::string_view event_name);
+// One of take_gil / drop_gil, entry or return.
+inline bool is_gil_probe(TpKind k) { return k >= TpKind::GilTake && k <= TpKind::GilDropReturn; }
 
 struct SchedSwitch {
     int32_t prev_pid = 0, next_pid = 0;
