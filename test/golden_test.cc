@@ -27,6 +27,13 @@ namespace {
 
 const fs::path kData = GILSCAN_TESTDATA;
 
+std::string slurp(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
 nlohmann::json load_json(const fs::path& p) {
     std::ifstream f(p);
     REQUIRE_MESSAGE(f.good(), "missing " << p);
@@ -177,12 +184,6 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
         for ([[maybe_unused]] const auto& t : fs::directory_iterator("/proc/self/task")) ++n;
         return n;
     };
-    auto slurp = [](const fs::path& p) {
-        std::ifstream f(p, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
-    };
     // gil_combined: uprobes, no stacks (S(GIL) by probes, -j 3 without work for a worker).
     for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph"}) {
         for (unsigned frames : {0u, 16u}) {
@@ -237,12 +238,6 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
 TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for byte") {
     const fs::path dir = fs::current_path() / "golden_summary.tmp";
     fs::create_directories(dir);
-    auto slurp = [](const fs::path& p) {
-        std::ifstream f(p, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
-    };
     auto check_same = [&](const FileSummary& fsum) {
         const fs::path p = dir / "s.json";
         {
@@ -334,10 +329,7 @@ TEST_CASE("debuginfo cache: a recording's sleep stacks are the same without the 
         o.sleep_stacks = 16;
         o.debuginfo_cache = cache;
         analyse_recording(o);
-        std::ifstream f(o.output, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return ss.str();
+        return slurp(o.output);
     };
     const std::string none = trace("");
     const std::string cold = trace((dir / "c").string());
