@@ -41,6 +41,8 @@ constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get th
 // threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
 // reader took so much over that the stages waited for it 40% of the time.
 constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
+// Ready records handed on per read record while the stages' queue has room.
+constexpr size_t kPump = 512;
 
 // What the reader writes for every record, on cache lines of its own (heap,
 // 128-aligned, its size a multiple of 128). As locals of run() these shared
@@ -161,9 +163,19 @@ void Session::run(EventSink& sink) {
                 ++rd.records;
                 if (r.type == PERF_RECORD_FINISHED_ROUND) {
                     q.finished_round(hand);
+                    if (!threaded) q.drain(hand);
                     continue;
                 }
+                // The round before this one is ready: rather than handing it
+                // over all at once at FINISHED_ROUND (the reader would wait
+                // for the stages while they work through it, and they would
+                // then wait while it reads the next round: a 64-CPU capture's
+                // rounds are 12 MB, three times what may be in flight), hand it
+                // on whenever the stages' queue has room for another batch.
+                if (threaded && q.ready() && handoff.queued_bytes() + 2 * kBatchBytes <= kInFlightBytes)
+                    q.pump(hand, kPump);
                 if (r.type >= PERF_RECORD_KERNEL_MAX) {
+                    q.drain(hand);  // as if released at its round's end, before this record
                     send();
                     if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
                     try {
@@ -193,6 +205,7 @@ void Session::run(EventSink& sink) {
                     tp = r.body.data() + r.body.size() - info.trailer_time_index * 8;
                 }
                 if (!tp) {
+                    q.drain(hand);
                     hand(r);  // as perf does for records without a time: delivered at once
                     continue;
                 }

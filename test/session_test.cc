@@ -399,6 +399,107 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
     }
 }
 
+TEST_CASE("ordering: ready records pumped a few at a time while the next round is read come out as drained at once") {
+    // Rounds of 8 CPU runs with ties, records late for their round (earlier
+    // than what the round before released: out of order), and a queue bound
+    // small enough for half flushes in one variant.
+    for (size_t max_queued : {size_t{4u << 20}, size_t{700}})
+    for (size_t step : {size_t{1}, size_t{7}, size_t{100000}}) {
+        CAPTURE(max_queued);
+        CAPTURE(step);
+        constexpr uint64_t kRounds = 6, kCpus = 8, kPerCpu = 50;
+        const uint64_t n = kRounds * kCpus * kPerCpu;
+        struct Run {
+            std::vector<uint64_t> out;
+            uint64_t out_of_order = 0, half_flushes = 0;
+        };
+        auto play = [&](bool pumped) {
+            ChunkTable chunks;
+            OrderedQueue q(chunks, max_queued);
+            const uint32_t id = chunks.acquire(n * 16, 0, false);
+            chunks.bytes(id).resize(n * 16);
+            Run run;
+            auto deliver = [&](const RawRecord& r) { run.out.push_back(load<uint64_t>(r.body.data(), false)); };
+            uint64_t seed = 99, k = 0;
+            auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+            for (uint64_t round = 0; round < kRounds; ++round) {
+                for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
+                    std::vector<uint64_t> times;
+                    for (uint64_t i = 0; i < kPerCpu; ++i) {
+                        uint64_t t = round * 100 + rnd() % 100;
+                        if (round > 1 && rnd() % 20 == 0) t -= 150;  // late: before the last release
+                        times.push_back(t / 3 * 3);                   // ties
+                    }
+                    std::sort(times.begin(), times.end());
+                    for (uint64_t t : times) {
+                        push_numbered(q, chunks, id, k++, t, deliver);
+                        if (pumped) q.pump(deliver, step);
+                    }
+                }
+                q.finished_round(deliver);
+                if (!pumped) q.drain(deliver);
+            }
+            q.flush_all(deliver);
+            CHECK(q.ready() == 0);
+            CHECK(q.size() == 0);
+            run.out_of_order = q.out_of_order();
+            run.half_flushes = q.half_flushes();
+            chunks.release(id);
+            CHECK(chunks.live() == 0);
+            return run;
+        };
+        const Run drained = play(false), pumped = play(true);
+        REQUIRE(drained.out.size() == n);
+        CHECK(pumped.out == drained.out);
+        CHECK(drained.out_of_order > 0);
+        CHECK(pumped.out_of_order == drained.out_of_order);
+        CHECK(pumped.half_flushes == drained.half_flushes);
+        if (max_queued < n) CHECK(drained.half_flushes > 0);
+    }
+}
+
+TEST_CASE("a threaded run pumps a round while reading the next: the same records, in the same order, as inline") {
+    // Rounds far larger than what may be in flight between the threads
+    // (4 MiB). Without sample_id_all the COMM records carry no time: they are
+    // delivered where they are read, after everything released before them.
+    SchedRecording r;
+    for (auto& a : r.w.attrs) a.attr.flags &= ~(1ull << ATTR_BIT_sample_id_all);
+    constexpr int kRounds = 4, kCpus = 4, kPerCpu = 12000;  // some 5 MB per round
+    uint64_t t = 1000;
+    for (int round = 0; round < kRounds; ++round) {
+        for (int cpu = 0; cpu < kCpus; ++cpu) {
+            for (int i = 0; i < kPerCpu; ++i) {
+                r.switch_(t + static_cast<uint64_t>(i * kCpus + cpu), static_cast<uint32_t>(cpu), 10, 11, 1, 0);
+                if (i % 5000 == 0) r.w.comm(r.sw, 10, 11, "c" + std::to_string(round * 100 + cpu * 10 + i / 5000), 0);
+            }
+        }
+        r.w.finished_round();
+        t += kPerCpu * kCpus;
+    }
+    struct Sequence : EventSink {
+        std::vector<std::string> seen;
+        size_t samples = 0;
+        void on_sample(const Sample& s, const EventInfo&) override {
+            seen.push_back(std::to_string(s.time));
+            ++samples;
+        }
+        void on_comm(const CommEvent& e) override { seen.emplace_back(e.comm); }
+    };
+    TempFile f(r.w.build());
+    Sequence got[2];
+    for (int threaded = 0; threaded < 2; ++threaded) {
+        Session s(f.path);
+        s.set_threaded(threaded == 1);
+        s.run(got[threaded]);
+        CHECK(s.stats().out_of_order == 0);
+        CHECK(s.stats().malformed == 0);
+    }
+    REQUIRE(got[0].samples == size_t{kRounds} * kCpus * kPerCpu);
+    REQUIRE(got[0].seen.size() == got[0].samples + size_t{kRounds} * kCpus * 3);
+    CHECK(got[0].seen.front() == "c0");  // read before anything was released
+    CHECK(got[1].seen == got[0].seen);
+}
+
 TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the producer") {
     Handoff<int> h(2);
     std::vector<int> got;

@@ -4,6 +4,8 @@
 //   OrderedQueue q(chunks);                 // the ChunkTable the records live in
 //   q.push(time, record, deliver);          // retains record.chunk while queued
 //   q.finished_round(deliver);   // at each PERF_RECORD_FINISHED_ROUND
+//   q.drain(deliver);            // deliver what it made ready now, or
+//   q.pump(deliver, 512);        //   a few at a time while reading on
 //   q.flush_all(deliver);        // at the end of the data
 //   // deliver(const RawRecord&)
 //
@@ -13,6 +15,13 @@
 // be released. A recording without rounds (or one round too large) is held
 // to `max_queued` events: past that the older half is released, as perf's
 // OE_FLUSH__HALF does. Equal timestamps keep file order.
+//
+// Released records are "ready" until delivered. Delivering them all at the
+// round's end (drain) or spread over the reading of the next round (pump)
+// gives the same order: what is ready is always delivered before the next
+// round is merged in, and before any record the caller hands over directly.
+// The reader thread pumps: it keeps the stages' bounded queue filled instead
+// of alternating between a burst of a whole round and none while it reads.
 //
 // Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
@@ -37,7 +46,8 @@ public:
 
     template <class Deliver>
     void push(uint64_t time, const RawRecord& r, Deliver&& deliver) {
-        if (flushed_any_ && time < last_flushed_) ++out_of_order_;  // perf counts these too
+        // Out of order: earlier than a record released before it (perf counts these too).
+        if (flushed_any_ && time < last_flushed_) ++out_of_order_;
         max_time_ = std::max(max_time_, time);
         chunks_.retain(r.chunk);
         Entry e;
@@ -50,20 +60,52 @@ public:
         if (size() > max_queued_) {
             // No round boundary in sight: release the older half.
             ++half_flushes_;
+            drain(deliver);
             arrange();
-            flush_until(sorted_[sorted_.size() / 2].time, deliver);
+            release_until(sorted_[head_ + (sorted_.size() - head_) / 2].time);
+            drain(deliver);
         }
     }
 
+    // At PERF_RECORD_FINISHED_ROUND: what the previous round's end allows
+    // becomes ready. It is delivered by pump() or drain(), so a reader thread
+    // can hand it on a little at a time while it reads the next round.
     template <class Deliver>
     void finished_round(Deliver&& deliver) {
-        flush_until(next_flush_, deliver);
+        drain(deliver);  // what the previous round made ready goes first
+        arrange();
+        release_until(next_flush_);
         next_flush_ = max_time_;
+    }
+
+    // Delivers up to n ready records; returns how many are still ready.
+    template <class Deliver>
+    size_t pump(Deliver&& deliver, size_t n) {
+        const size_t end = std::min(ready_end_, head_ + n);
+        RawRecord r;
+        for (; head_ < end; ++head_) {
+            // Records are scattered over the round's chunks: ask for the
+            // headers a few entries ahead (a miss per record was the largest
+            // cost of a 64-CPU capture's ordering).
+            if (head_ + kAhead < ready_end_) prefetch(sorted_[head_ + kAhead]);
+            emit(sorted_[head_], r, deliver);
+        }
+        return ready_end_ - head_;
+    }
+    size_t ready() const { return ready_end_ - head_; }
+
+    // Delivers every ready record.
+    template <class Deliver>
+    void drain(Deliver&& deliver) {
+        pump(deliver, ready());
     }
 
     template <class Deliver>
     void flush_all(Deliver&& deliver) {
-        flush_until(~uint64_t{0}, deliver);
+        drain(deliver);
+        arrange();
+        release_until(~uint64_t{0});
+        drain(deliver);
     }
 
     uint64_t out_of_order() const { return out_of_order_; }
@@ -170,16 +212,37 @@ private:
         }
     }
 
-    // Everything queued as one sorted sorted_ (for the half flush's median).
+    // Everything queued as one sorted sorted_ from head_: the new round
+    // (sorted) merged with what earlier rounds left. Called with nothing
+    // ready, so records made ready are delivered before any later merge:
+    // the order is the same whether they go at once or a few at a time.
     void arrange() {
         sort_pending();
         if (pending_.empty()) return;
-        merged_.resize(sorted_.size() - head_ + pending_.size());
-        merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
-              pending_.data() + pending_.size(), merged_.data());
-        sorted_.swap(merged_);
+        if (head_ == sorted_.size()) {
+            sorted_.swap(pending_);  // nothing left over: the round is the queue
+        } else {
+            merged_.resize(sorted_.size() - head_ + pending_.size());
+            merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
+                  pending_.data() + pending_.size(), merged_.data());
+            sorted_.swap(merged_);
+        }
         head_ = 0;
+        ready_end_ = 0;
         pending_.clear();
+    }
+
+    // Makes the queued records up to `limit` ready. The out-of-order test
+    // compares against the last of them: the last record released, as if
+    // they had all been delivered now.
+    void release_until(uint64_t limit) {
+        const auto end = std::upper_bound(sorted_.begin() + static_cast<long>(head_), sorted_.end(), limit,
+                                          [](uint64_t t, const Entry& e) { return t < e.time; });
+        ready_end_ = static_cast<size_t>(end - sorted_.begin());
+        if (ready_end_ > head_) {
+            last_flushed_ = sorted_[ready_end_ - 1].time;
+            flushed_any_ = true;
+        }
     }
 
     static constexpr size_t kAhead = 8;
@@ -193,59 +256,14 @@ private:
         r.compressed = chunks_.compressed(e.chunk);
         r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
         r.chunk = e.chunk;
-        last_flushed_ = e.time;
-        flushed_any_ = true;
         deliver(r);
         chunks_.release(r.chunk);
-    }
-
-    // Delivers everything up to `limit`: the earlier rounds' leftovers
-    // (sorted_) merged on the fly with the newly sorted round (pending_).
-    // What is left is usually only the new round's tail, which becomes
-    // sorted_ without a copy; a full merge only when both have leftovers.
-    template <class Deliver>
-    void flush_until(uint64_t limit, Deliver& deliver) {
-        sort_pending();
-        RawRecord r;
-        size_t i = head_, j = 0;
-        const size_t ne = sorted_.size(), np = pending_.size();
-        for (;;) {
-            // Records are scattered over the round's chunks: ask for the
-            // headers a few entries ahead on both sides (a miss per record
-            // was the largest cost of a 64-CPU capture's ordering).
-            if (i + kAhead < ne) prefetch(sorted_[i + kAhead]);
-            if (j + kAhead < np) prefetch(pending_[j + kAhead]);
-            const bool have_s = i < ne && sorted_[i].time <= limit;
-            const bool have_p = j < np && pending_[j].time <= limit;
-            if (have_s && (!have_p || !earlier(pending_[j], sorted_[i]))) {
-                emit(sorted_[i++], r, deliver);
-            } else if (have_p) {
-                emit(pending_[j++], r, deliver);
-            } else {
-                break;
-            }
-        }
-        if (i == ne) {
-            sorted_.swap(pending_);
-            head_ = j;
-        } else if (j == np) {
-            head_ = i;
-        } else {
-            merged_.resize((ne - i) + (np - j));
-            merge(sorted_.data() + i, sorted_.data() + ne, pending_.data() + j, pending_.data() + np, merged_.data());
-            sorted_.swap(merged_);
-            head_ = 0;
-        }
-        pending_.clear();
-        if (head_ > 4096 && head_ * 2 > sorted_.size()) {
-            sorted_.erase(sorted_.begin(), sorted_.begin() + static_cast<long>(head_));
-            head_ = 0;
-        }
     }
 
     ChunkTable& chunks_;
     std::vector<Entry> sorted_;   // sorted; [head_, end) still queued
     size_t head_ = 0;
+    size_t ready_end_ = 0;        // [head_, ready_end_) may be delivered
     std::vector<Entry> pending_;  // pushed since the last flush, in file order
     std::vector<Entry> merged_;
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
