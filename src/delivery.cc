@@ -75,9 +75,10 @@ void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
     auto side = std::make_unique<ReaderSide>(file_, begin, end, header_.swap, chunk_size_);
-    // Up to 64 batches in flight: the reader produces a whole round at each
-    // FINISHED_ROUND and nothing while it reads the next one; the slack keeps
-    // both threads busy through those bursts. Bounded in bytes too (kInFlightBytes).
+    // Up to 64 batches in flight, bounded in bytes too (kInFlightBytes). A
+    // round released at FINISHED_ROUND is pumped into it while the next
+    // round is read (OrderedQueue::pump), so both threads stay busy even
+    // when a round is several times what may be in flight.
     Handoff<Handed> handoff(64, kInFlightBytes);
 
     // The stages' side: records of one batch to the sink.
