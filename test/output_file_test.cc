@@ -11,7 +11,13 @@
 #include <csignal>
 
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zstd.h>
@@ -100,6 +106,67 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
         CHECK(out.bytes_written() == expect.size());
     }
     check_and_remove(p, expect);
+}
+
+namespace {
+
+// In a child process (a seccomp filter cannot be removed again): the system
+// call `nr` fails with EINVAL from now on, as on a kernel or filesystem
+// without Linux AIO. Returns false if the filter could not be installed.
+bool refuse_syscall(long nr) {
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+    return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("output: Linux AIO refused (io_setup or io_submit fails): the rest is written plainly, byte for byte") {
+#if !defined(__x86_64__)
+    MESSAGE("seccomp filter written for x86-64 only");
+    return;
+#else
+    if (!direct_io_works()) {
+        MESSAGE("the scratch directory takes no O_DIRECT: no asynchronous writes to refuse");
+        return;
+    }
+    long nr = SYS_io_setup;
+    SUBCASE("io_setup refused") {}
+    SUBCASE("io_submit refused") { nr = SYS_io_submit; }
+    CAPTURE(nr);
+    const fs::path p = scratch("refused.json");
+    std::string expect;
+    for (int i = 0; expect.size() < (72u << 20) + 777; ++i) expect += static_cast<char>('a' + i % 23);
+    // Child's exit codes: 0 written plainly and committed, 1 no filter,
+    // 2 still asynchronous, 3 an exception.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        if (!refuse_syscall(nr)) ::_exit(1);
+        try {
+            OutputFile out(p.string(), false);
+            for (size_t at = 0; at < expect.size(); at += 1u << 20) out.write(std::string_view(expect).substr(at, 1u << 20));
+            const bool async = out.async_io();
+            out.commit();
+            ::_exit(async ? 2 : 0);
+        } catch (...) {
+            ::_exit(3);
+        }
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    check_and_remove(p, expect);
+#endif
 }
 
 TEST_CASE("output: whole buffers and nothing after them: the file is cut to its size") {

@@ -27,12 +27,16 @@ TEST_CASE("__data_loc strings and short records") {
     int i = w.add_tracepoint("sched", test::kSchedWakingFormat, PERF_SAMPLE_RAW);
     auto raw = w.raw(i, {{"pid", 77}, {"comm", 0, "python3", true}, {"target_cpu", 1}});
     TpFormat f = w.format_of(i);
-    REQUIRE(f.field("comm")->data_loc);
-    CHECK(read_str(raw, *f.field("comm"), false) == "python3");
-    CHECK(read_int(raw, *f.field("pid"), false) == 77);
+    const TpField* comm = f.field("comm");
+    const TpField* pid = f.field("pid");
+    REQUIRE(comm != nullptr);
+    REQUIRE(pid != nullptr);
+    REQUIRE(comm->data_loc);
+    CHECK(read_str(raw, *comm, false) == "python3");
+    CHECK(read_int(raw, *pid, false) == 77);
     bool ok = true;
     Bytes cut(raw.data(), 10);
-    CHECK(read_int(cut, *f.field("pid"), false, &ok) == 0);
+    CHECK(read_int(cut, *pid, false, &ok) == 0);
     CHECK_FALSE(ok);
 }
 
