@@ -56,25 +56,67 @@ inline char* put_str(char* p, std::string_view s) {
 }
 
 // ,"pid":P,"tid":T — every event but counters names its track so.
-inline char* put_track(char* p, int32_t pid, int32_t tid) {
+inline char* format_track(char* p, int32_t pid, int32_t tid) {
     p = put(p, ",\"pid\":");
     p = put_int(p, pid);
     p = put(p, ",\"tid\":");
     return put_int(p, tid);
 }
 
-// ,"ts":start,"dur":end-start (never negative)
-inline char* put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
-    p = put(p, ",\"ts\":");
-    p = put_us(p, start_ns);
-    p = put(p, ",\"dur\":");
-    return put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
+constexpr char kDigitPairs[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+inline char* put_pair(char* p, unsigned v) {  // v < 100, two digits
+    std::memcpy(p, kDigitPairs + 2 * v, 2);
+    return p + 2;
 }
 
 constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in this
 inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 
 }  // namespace
+
+char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
+    TrackText& t = tracks_[(static_cast<uint32_t>(tid) * 2654435761u) >> 22];  // 1024 slots
+    if (t.len == 0 || t.tid != tid || t.pid != pid) {
+        t.pid = pid;
+        t.tid = tid;
+        t.len = static_cast<uint32_t>(format_track(t.text, pid, tid) - t.text);
+    }
+    std::memcpy(p, t.text, sizeof t.text);  // a fixed size: a few moves (kFixed leaves room)
+    return p + t.len;
+}
+
+char* TraceWriter::put_pid(char* p, int32_t pid) {
+    TrackText& t = pids_[(static_cast<uint32_t>(pid) * 2654435761u) >> 24];  // 256 slots
+    if (t.len == 0 || t.pid != pid) {
+        t.pid = pid;
+        char* e = put(t.text, ",\"pid\":");
+        t.len = static_cast<uint32_t>(put_int(e, pid) - t.text);
+    }
+    std::memcpy(p, t.text, sizeof t.text);
+    return p + t.len;
+}
+
+char* TraceWriter::put_ts(char* p, uint64_t ns) {
+    const uint64_t us = ns / 1000;
+    const uint64_t high = us / 10000;
+    if (high == 0) return put_us(p, ns);  // no leading digits to keep
+    if (high != ts_high_) {
+        ts_high_ = high;
+        ts_len_ = static_cast<uint32_t>(std::to_chars(ts_text_, ts_text_ + sizeof ts_text_, high).ptr - ts_text_);
+    }
+    std::memcpy(p, ts_text_, sizeof ts_text_);
+    p += ts_len_;
+    const auto low = static_cast<unsigned>(us % 10000), frac = static_cast<unsigned>(ns % 1000);
+    p = put_pair(p, low / 100);
+    p = put_pair(p, low % 100);
+    *p++ = '.';
+    *p++ = static_cast<char>('0' + frac / 100);
+    return put_pair(p, frac % 100);
+}
 
 void append_json_string(std::string& out, std::string_view s) {
     const size_t at = out.size();
@@ -130,7 +172,10 @@ void TraceWriter::span(const Span& s) {
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);
     p = put_track(p, s.tgid, s.tid);
-    p = put_interval(p, s.start, s.end);
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, s.start);
+    p = put(p, ",\"dur\":");
+    p = put_us(p, s.end >= s.start ? s.end - s.start : 0);
     p = put(p, ",\"args\":{\"state\":");
     p = put_str(p, s.state);
     if (s.cpu != ~0u) {
@@ -164,7 +209,10 @@ void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std:
     p = put(p, ",\"name\":");
     p = put_str(p, name);
     p = put_track(p, pid, tid);
-    p = put_interval(p, start_ns, end_ns);
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, start_ns);
+    p = put(p, ",\"dur\":");
+    p = put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
     if (!args_json.empty()) {
         p = put(p, ",\"args\":");
         p = put(p, args_json);
@@ -178,10 +226,9 @@ void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, st
     char* p = begin(kFixed + str_bound(name) + args_json.size());
     p = put(p, "{\"ph\":\"C\",\"name\":");
     p = put_str(p, name);
-    p = put(p, ",\"pid\":");
-    p = put_int(p, pid);
+    p = put_pid(p, pid);
     p = put(p, ",\"ts\":");
-    p = put_us(p, ts_ns);
+    p = put_ts(p, ts_ns);
     p = put(p, ",\"args\":");
     p = put(p, args_json);
     p = put(p, "}");

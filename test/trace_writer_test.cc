@@ -4,11 +4,16 @@
 // \u00XX, i.e. Latin-1, as per4m's output does).
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "gilscan/output_file.h"
 #include "gilscan/trace_writer.h"
+#include "perf_writer.h"
 
 using namespace gilscan;
 
@@ -28,4 +33,68 @@ TEST_CASE("append_json_string escapes what JSON needs and keeps the rest") {
     out.clear();
     append_json_string(out, "");
     CHECK(out == "\"\"");
+}
+
+TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting, event by event") {
+    // Tracks colliding in the caches (more tids than slots, pids sharing a
+    // slot), negative ids, timestamps crossing the cached digits' 10 ms
+    // boundary, below 10 ms and past 2^32 microseconds.
+    test::TempDir dir("gilscan-trace-writer");
+    const std::string path = (dir.path / "t.json").string();
+    std::vector<std::string> expect;
+    {
+        OutputFile out(path, false);
+        TraceWriter tw(out, {});
+        uint64_t seed = 42;
+        auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+        uint64_t ts = 0;
+        char line[256];
+        for (int i = 0; i < 20000; ++i) {
+            const int32_t pid = i % 97 == 0 ? -1 : static_cast<int32_t>(2000000 + rnd() % 3000);
+            const int32_t tid = i % 89 == 0 ? -1 : static_cast<int32_t>(2000000 + rnd() % 5000);
+            ts = i == 10000 ? (uint64_t{5} << 32) * 1000 : ts + rnd() % 3'000'000;  // up to 3 ms apart
+            const uint64_t dur = rnd() % 100'000'000;
+            const auto us = [](uint64_t ns) {
+                char b[40];
+                std::snprintf(b, sizeof b, "%llu.%03llu", static_cast<unsigned long long>(ns / 1000),
+                              static_cast<unsigned long long>(ns % 1000));
+                return std::string(b);
+            };
+            if (i % 3 == 0) {
+                tw.counter(pid, "GIL waiters", ts, "{\"waiting\":1}");
+                std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":1}}",
+                              pid, us(ts).c_str());
+            } else if (i % 3 == 1) {
+                tw.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur);
+                std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"GIL state\",\"name\":\"GIL wait\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s}",
+                              pid, tid, us(ts).c_str(), us(dur).c_str());
+            } else {
+                Span s;
+                s.tgid = pid;
+                s.tid = tid;
+                s.start = ts;
+                s.end = ts + dur;
+                s.kind = SpanKind::Sleep;
+                s.name = "S";
+                s.state = "S";
+                tw.span(s);
+                std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":\"S\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"args\":{\"state\":\"S\"}}",
+                              pid, tid, us(ts).c_str(), us(dur).c_str());
+            }
+            expect.push_back(line);
+        }
+        tw.finish({}, {});
+        out.commit();
+    }
+    std::ifstream in(path);
+    std::string l;
+    std::getline(in, l);
+    REQUIRE(l == "{\"traceEvents\":[");
+    size_t mismatches = 0, n = 0;
+    for (; n < expect.size() && std::getline(in, l); ++n) {
+        if (!l.empty() && l.back() == ',') l.pop_back();
+        if (l != expect[n] && mismatches++ < 3) CHECK(l == expect[n]);
+    }
+    CHECK(n == expect.size());
+    CHECK(mismatches == 0);
 }
