@@ -79,7 +79,7 @@ inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 }  // namespace
 
 char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
-    TrackText& t = tracks_[(static_cast<uint32_t>(tid) * 2654435761u) >> 22];  // 1024 slots
+    TrackText& t = tracks_[static_cast<uint32_t>(tid) % kTrackSlots];  // a process's tids are mostly consecutive
     if (t.len == 0 || t.tid != tid || t.pid != pid) {
         t.pid = pid;
         t.tid = tid;

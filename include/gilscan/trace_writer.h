@@ -80,7 +80,7 @@ private:
     std::vector<TrackText> pids_ = std::vector<TrackText>(kPidSlots);  // ,"pid":P of counters
     static constexpr size_t kPidSlots = 256;
     char* put_pid(char* p, int32_t pid);
-    static constexpr size_t kTrackSlots = 1024;
+    static constexpr size_t kTrackSlots = 4096;
     uint64_t ts_high_ = ~uint64_t{0};  // microseconds / 10000 that ts_text_ holds
     uint32_t ts_len_ = 0;
     char ts_text_[24] = {};
