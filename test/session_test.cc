@@ -166,6 +166,37 @@ TEST_CASE("records come out in time order across rounds, equal times in file ord
     CHECK(s.stats().out_of_order == 0);
 }
 
+TEST_CASE("a sample written twice (a round's last samples again at the next round's start) is delivered once") {
+    SchedRecording r;
+    r.switch_(10, 0, 1, 2, 1, 0);
+    r.switch_(20, 1, 1, 3, 1, 0);
+    r.switch_(30, 0, 1, 2, 1, 0);
+    const std::vector<uint8_t> again = r.w.records.back();  // the whole record, header included
+    r.w.finished_round();
+    r.w.records.push_back(again);  // as perf record 6.1 wrote some uprobe samples
+    // Not repeats: the same time on another CPU, from another thread, and
+    // one waker's two wake-ups at the same time (only the payload differs).
+    r.switch_(30, 1, 1, 3, 1, 0);
+    r.switch_(30, 0, 1, 4, 1, 0);
+    r.waking(35, 0, 1, 4, 5);
+    r.waking(35, 0, 1, 4, 6);
+    r.switch_(40, 1, 1, 3, 1, 0);
+    r.w.finished_round();
+    TempFile f(r.w.build());
+    for (bool threaded : {false, true}) {
+        CAPTURE(threaded);
+        Session s(f.path);
+        s.set_threaded(threaded);
+        Times t;
+        s.run(t);
+        CHECK(t.times == std::vector<uint64_t>{10, 20, 30, 30, 30, 35, 35, 40});
+        CHECK(s.stats().duplicate_samples == 1);
+        CHECK(s.stats().out_of_order == 0);
+        const auto& w = s.stats().warnings;
+        CHECK(std::any_of(w.begin(), w.end(), [](const std::string& x) { return x.find("1 sample(s) skipped that repeat") != std::string::npos; }));
+    }
+}
+
 TEST_CASE("bounded queue: without rounds the older half is released; chunks are released after delivery") {
     ChunkTable chunks;
     OrderedQueue q(chunks, 8);

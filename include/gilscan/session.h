@@ -55,6 +55,7 @@ struct DecodeStats {
     uint64_t lost_records = 0;      // PERF_RECORD_LOST records
     uint64_t lost_events = 0;       // sum of their `lost` fields
     uint64_t lost_samples = 0;      // PERF_RECORD_LOST_SAMPLES totals
+    uint64_t duplicate_samples = 0; // a sample right after an identical one (written twice by perf): skipped
     std::map<uint32_t, uint64_t> lost_by_cpu;          // LOST events per CPU
     std::map<uint32_t, uint64_t> lost_samples_by_cpu;  // LOST_SAMPLES per CPU
     uint64_t malformed = 0;
@@ -168,6 +169,15 @@ private:
     // either. 128: Intel's adjacent-line prefetcher fetches lines in pairs.
     alignas(128) DecodeStats stats_;
     std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
+    struct LastSample {  // the previous sample delivered, to recognise it written twice
+        uint64_t time = 0, id = 0, ip = 0;
+        uint32_t cpu = 0;
+        int32_t tid = 0;
+        int event = -1;
+        uint16_t size = 0;
+        uint16_t raw_size = 0;  // of raw[]: the tracepoint payload's first bytes
+        uint8_t raw[64];        // all of sched_switch's, sched_waking's, a uprobe's
+    } last_sample_;
 };
 
 }  // namespace gilscan
