@@ -55,14 +55,6 @@ inline char* put_str(char* p, std::string_view s) {
     return p;
 }
 
-// ,"pid":P,"tid":T — every event but counters names its track so.
-inline char* format_track(char* p, int32_t pid, int32_t tid) {
-    p = put(p, ",\"pid\":");
-    p = put_int(p, pid);
-    p = put(p, ",\"tid\":");
-    return put_int(p, tid);
-}
-
 constexpr char kDigitPairs[] =
     "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
@@ -78,26 +70,31 @@ inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 
 }  // namespace
 
-char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
-    TrackText& t = tracks_[static_cast<uint32_t>(tid) % kTrackSlots];  // a process's tids are mostly consecutive
+// The slot's text, made first if it holds another track: ,"pid":P and,
+// with_tid (in tracks_, not in pids_), ,"tid":T.
+char* TraceWriter::put_cached(char* p, TrackText& t, int32_t pid, int32_t tid, bool with_tid) {
     if (t.len == 0 || t.tid != tid || t.pid != pid) {
         t.pid = pid;
         t.tid = tid;
-        t.len = static_cast<uint32_t>(format_track(t.text, pid, tid) - t.text);
+        char* e = put(t.text, ",\"pid\":");
+        e = put_int(e, pid);
+        if (with_tid) {
+            e = put(e, ",\"tid\":");
+            e = put_int(e, tid);
+        }
+        t.len = static_cast<uint32_t>(e - t.text);
     }
     std::memcpy(p, t.text, sizeof t.text);  // a fixed size: a few moves (kFixed leaves room)
     return p + t.len;
 }
 
+char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
+    // By tid modulo the slots: a process's tids are mostly consecutive.
+    return put_cached(p, tracks_[static_cast<uint32_t>(tid) % kTrackSlots], pid, tid, true);
+}
+
 char* TraceWriter::put_pid(char* p, int32_t pid) {
-    TrackText& t = pids_[(static_cast<uint32_t>(pid) * 2654435761u) >> 24];  // 256 slots
-    if (t.len == 0 || t.pid != pid) {
-        t.pid = pid;
-        char* e = put(t.text, ",\"pid\":");
-        t.len = static_cast<uint32_t>(put_int(e, pid) - t.text);
-    }
-    std::memcpy(p, t.text, sizeof t.text);
-    return p + t.len;
+    return put_cached(p, pids_[static_cast<uint32_t>(pid) % kPidSlots], pid, 0, false);
 }
 
 char* TraceWriter::put_ts(char* p, uint64_t ns) {
@@ -116,6 +113,14 @@ char* TraceWriter::put_ts(char* p, uint64_t ns) {
     *p++ = '.';
     *p++ = static_cast<char>('0' + frac / 100);
     return put_pair(p, frac % 100);
+}
+
+// ,"ts":start,"dur":end-start (never negative)
+char* TraceWriter::put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, start_ns);
+    p = put(p, ",\"dur\":");
+    return put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
 }
 
 void append_json_string(std::string& out, std::string_view s) {
@@ -172,10 +177,7 @@ void TraceWriter::span(const Span& s) {
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);
     p = put_track(p, s.tgid, s.tid);
-    p = put(p, ",\"ts\":");
-    p = put_ts(p, s.start);
-    p = put(p, ",\"dur\":");
-    p = put_us(p, s.end >= s.start ? s.end - s.start : 0);
+    p = put_interval(p, s.start, s.end);
     p = put(p, ",\"args\":{\"state\":");
     p = put_str(p, s.state);
     if (s.cpu != ~0u) {
@@ -209,10 +211,7 @@ void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std:
     p = put(p, ",\"name\":");
     p = put_str(p, name);
     p = put_track(p, pid, tid);
-    p = put(p, ",\"ts\":");
-    p = put_ts(p, start_ns);
-    p = put(p, ",\"dur\":");
-    p = put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
+    p = put_interval(p, start_ns, end_ns);
     if (!args_json.empty()) {
         p = put(p, ",\"args\":");
         p = put(p, args_json);

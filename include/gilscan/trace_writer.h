@@ -65,22 +65,23 @@ private:
     void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
 
     // Formatting numbers is most of an event's cost, and a trace repeats
-    // them: ,"pid":P,"tid":T is kept per track (direct-mapped by tid; a
-    // counter's ,"pid":P by pid), and
-    // a timestamp's microseconds above the last four digits (they change
-    // every 10 ms) are kept from the previous event.
-    char* put_track(char* p, int32_t pid, int32_t tid);
-    char* put_ts(char* p, uint64_t ns);
+    // them: the text ,"pid":P,"tid":T is kept per track (direct-mapped by
+    // tid), a counter's ,"pid":P per pid, and a timestamp's microseconds
+    // above the last four digits (they change every 10 ms) from the
+    // previous event.
     struct TrackText {
         int32_t pid = 0, tid = 0;
         uint32_t len = 0;  // 0: empty slot
         char text[44];
     };
-    std::vector<TrackText> tracks_ = std::vector<TrackText>(kTrackSlots);
-    std::vector<TrackText> pids_ = std::vector<TrackText>(kPidSlots);  // ,"pid":P of counters
-    static constexpr size_t kPidSlots = 256;
+    static constexpr size_t kTrackSlots = 4096, kPidSlots = 256;
+    char* put_cached(char* p, TrackText& t, int32_t pid, int32_t tid, bool with_tid);
+    char* put_track(char* p, int32_t pid, int32_t tid);
     char* put_pid(char* p, int32_t pid);
-    static constexpr size_t kTrackSlots = 4096;
+    char* put_ts(char* p, uint64_t ns);
+    char* put_interval(char* p, uint64_t start_ns, uint64_t end_ns);  // ,"ts":…,"dur":…
+    std::vector<TrackText> tracks_ = std::vector<TrackText>(kTrackSlots);
+    std::vector<TrackText> pids_ = std::vector<TrackText>(kPidSlots);
     uint64_t ts_high_ = ~uint64_t{0};  // microseconds / 10000 that ts_text_ holds
     uint32_t ts_len_ = 0;
     char ts_text_[24] = {};
