@@ -33,12 +33,11 @@ public:
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] {
             return aborted_ || (full_.size() < max_ &&
-                                (max_bytes_ == 0 || full_.empty() || queued_bytes_ + bytes <= max_bytes_));
+                                (max_bytes_ == 0 || full_.empty() || queued_bytes() + bytes <= max_bytes_));
         });
         if (aborted_) return false;
         full_.push_back({std::move(batch), bytes});
-        queued_bytes_ += bytes;
-        queued_.store(queued_bytes_, std::memory_order_relaxed);
+        queued_.store(queued_bytes() + bytes, std::memory_order_relaxed);
         ++pushed_;
         cv_.notify_all();
         return true;
@@ -48,9 +47,8 @@ public:
         cv_.wait(l, [&] { return closed_ || aborted_ || !full_.empty(); });
         if (aborted_ || full_.empty()) return false;
         out = std::move(full_.front().batch);
-        queued_bytes_ -= full_.front().bytes;
+        queued_.store(queued_bytes() - full_.front().bytes, std::memory_order_relaxed);
         full_.pop_front();
-        queued_.store(queued_bytes_, std::memory_order_relaxed);
         cv_.notify_all();
         return true;
     }
@@ -67,7 +65,8 @@ public:
         done_.pop_back();
         return true;
     }
-    // Bytes of the batches waiting for the consumer (a hint, read without the lock).
+    // Bytes of the batches waiting for the consumer. Changed only under the
+    // lock; the producer reads it without the lock as a hint.
     size_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
     // Until the consumer has finished every batch pushed so far; false if it gave up.
     bool wait_idle() {
@@ -96,8 +95,7 @@ private:
     std::deque<Queued> full_;
     std::vector<std::vector<T>> done_;
     size_t max_, max_bytes_;
-    size_t queued_bytes_ = 0;
-    std::atomic<size_t> queued_{0};  // queued_bytes_, for reading without the lock
+    std::atomic<size_t> queued_{0};  // bytes of full_
     uint64_t pushed_ = 0, finished_ = 0;
     bool closed_ = false, aborted_ = false;
 };

@@ -61,8 +61,8 @@ public:
             // No round boundary in sight: release the older half.
             ++half_flushes_;
             drain(deliver);
-            arrange();
-            release_until(sorted_[head_ + (sorted_.size() - head_) / 2].time);
+            arrange();  // all of it in sorted_, from index 0
+            release_until(sorted_[sorted_.size() / 2].time);
             drain(deliver);
         }
     }
@@ -78,9 +78,9 @@ public:
         next_flush_ = max_time_;
     }
 
-    // Delivers up to n ready records; returns how many are still ready.
+    // Delivers up to n ready records.
     template <class Deliver>
-    size_t pump(Deliver&& deliver, size_t n) {
+    void pump(Deliver&& deliver, size_t n) {
         const size_t end = std::min(ready_end_, head_ + n);
         RawRecord r;
         for (; head_ < end; ++head_) {
@@ -90,7 +90,6 @@ public:
             if (head_ + kAhead < ready_end_) prefetch(sorted_[head_ + kAhead]);
             emit(sorted_[head_], r, deliver);
         }
-        return ready_end_ - head_;
     }
     size_t ready() const { return ready_end_ - head_; }
 
@@ -120,7 +119,6 @@ private:
         uint32_t chunk;  // ChunkTable id
         uint32_t pos;    // the record's header within the chunk
     };
-    static bool earlier(const Entry& a, const Entry& b) { return a.time < b.time; }
 
     // std::merge without the unpredictable branch per element (runs of
     // different CPUs interleave at random): the side to take is selected
