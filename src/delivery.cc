@@ -277,6 +277,40 @@ void Session::run(EventSink& sink) {
     if (stats_.lost_samples) warn(std::to_string(stats_.lost_samples) + " sample(s) dropped by the kernel (LOST_SAMPLES)");
 }
 
+// perf record (6.1, uprobes) was seen to write a round's last samples again
+// at the start of the next round: the same bytes, id, time, CPU. One
+// tracepoint hit or overflow gives one sample per event, so a sample
+// identical to the one just before it, payload included, is that one again;
+// delivered, it breaks the state machines (a take_gil entered twice: hundreds
+// of "overlapping holders" after it). Equal times alone are not enough: a
+// coarse clock, or a generated capture, gives one waker's two wake-ups the
+// same time. Remembers s as the last sample unless it repeats it.
+bool Session::repeats_last_sample(const Sample& s, int event, uint16_t size) {
+    LastSample& l = last_sample_;
+    const size_t raw_n = std::min(s.raw.size(), sizeof l.raw);
+    if (s.has_time && s.time == l.time && event == l.event && s.cpu == l.cpu && s.tid == l.tid && s.id == l.id &&
+        s.ip == l.ip && size == l.size && raw_n == l.raw_size && std::memcmp(s.raw.data(), l.raw, raw_n) == 0)
+        return true;
+    l.time = s.time;
+    l.id = s.id;
+    l.ip = s.ip;
+    l.cpu = s.cpu;
+    l.tid = s.tid;
+    l.event = event;
+    l.size = size;
+    l.raw_size = static_cast<uint16_t>(raw_n);
+    // Fixed-size copies: GCC made the variable-length memcpy a `rep movsq`,
+    // whose start-up cost 35 ns per sample here (15% of a trace run).
+    if (raw_n == sizeof l.raw) {
+        std::memcpy(l.raw, s.raw.data(), sizeof l.raw);
+    } else {
+        size_t i = 0;
+        for (; i + 8 <= raw_n; i += 8) std::memcpy(l.raw + i, s.raw.data() + i, 8);
+        for (; i < raw_n; ++i) l.raw[i] = s.raw[i];
+    }
+    return false;
+}
+
 void Session::deliver(const RawRecord& r, EventSink& sink) {
     const int event_index = event_for(r);
     if (event_index < 0) return;  // counted when it was read
@@ -303,38 +337,9 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
         if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
         Sample& s = sample_cache_[static_cast<size_t>(event_index)];
         if (!decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); })) return;
-        // perf record (6.1, uprobes) was seen to write a round's last samples
-        // again at the start of the next round: the same bytes, id, time,
-        // CPU. One tracepoint hit or overflow gives one sample per event, so
-        // a sample identical to the one just before it, payload included, is
-        // that one again; delivered, it breaks the state machines (a take_gil
-        // entered twice: hundreds of "overlapping holders" after it). Skipped
-        // and counted. (Equal times alone are not enough: a coarse clock, or
-        // a generated capture, gives one waker's two wake-ups the same time.)
-        const size_t raw_n = std::min(s.raw.size(), sizeof last_sample_.raw);
-        if (s.has_time && s.time == last_sample_.time && event_index == last_sample_.event &&
-            s.cpu == last_sample_.cpu && s.tid == last_sample_.tid && s.id == last_sample_.id &&
-            s.ip == last_sample_.ip && r.size == last_sample_.size && raw_n == last_sample_.raw_size &&
-            std::memcmp(s.raw.data(), last_sample_.raw, raw_n) == 0) {
+        if (repeats_last_sample(s, event_index, r.size)) {
             ++stats_.duplicate_samples;
             return;
-        }
-        last_sample_.time = s.time;
-        last_sample_.id = s.id;
-        last_sample_.ip = s.ip;
-        last_sample_.cpu = s.cpu;
-        last_sample_.tid = s.tid;
-        last_sample_.event = event_index;
-        last_sample_.size = r.size;
-        last_sample_.raw_size = static_cast<uint16_t>(raw_n);
-        // Fixed-size copies: GCC made the variable-length memcpy a `rep movsq`,
-        // whose start-up cost 35 ns per sample here (15% of a trace run).
-        if (raw_n == sizeof last_sample_.raw) {
-            std::memcpy(last_sample_.raw, s.raw.data(), sizeof last_sample_.raw);
-        } else {
-            size_t i = 0;
-            for (; i + 8 <= raw_n; i += 8) std::memcpy(last_sample_.raw + i, s.raw.data() + i, 8);
-            for (; i < raw_n; ++i) last_sample_.raw[i] = s.raw[i];
         }
         s.note = r.note;
         if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))

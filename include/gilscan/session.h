@@ -169,6 +169,7 @@ private:
     // either. 128: Intel's adjacent-line prefetcher fetches lines in pairs.
     alignas(128) DecodeStats stats_;
     std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
+    bool repeats_last_sample(const Sample& s, int event, uint16_t size);  // delivery.cc
     struct LastSample {  // the previous sample delivered, to recognise it written twice
         uint64_t time = 0, id = 0, ip = 0;
         uint32_t cpu = 0;
