@@ -14,6 +14,7 @@
 #include "gilscan/reader_stacks.h"
 #include "gilscan/session.h"
 #include "gilscan/timeline.h"
+#include "gilscan/trace_relay.h"
 #include "gilscan/trace_writer.h"
 
 namespace gilscan {
@@ -43,6 +44,14 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     } null_sink;
     std::unique_ptr<TraceWriter> trace;
     if (trace_out) trace = std::make_unique<TraceWriter>(*trace_out, opt.trace);
+    // From -j 2 the events are formatted by the reader thread while it
+    // would wait for the stages (trace_relay.h).
+    std::unique_ptr<TraceRelay> relay;
+    if (trace && !one_thread) {
+        relay = std::make_unique<TraceRelay>(*trace);
+        session.set_reader_idle([r = relay.get()] { return r->format_some(); });
+    }
+    TraceSink* const trace_sink = relay ? static_cast<TraceSink*>(relay.get()) : trace.get();
 
     // 3-7. Process maps, binaries and unwinding, GIL uprobes, then the
     // per-thread state machines. The GIL tracker sees each event before the
@@ -88,8 +97,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     if (workers)
         parallel = std::make_unique<ParallelStackClassifier>(opt.jobs - 2, mopt, opt.sleep_stacks,
                                                              session.features().os_release);
-    GilTracker gil(trace.get());
-    Timeline timeline(session, trace ? static_cast<SpanSink&>(*trace) : null_sink);
+    GilTracker gil(trace_sink);
+    Timeline timeline(session, trace_sink ? static_cast<SpanSink&>(*trace_sink) : null_sink);
     auto by_probes = gil_probe_classifier(gil);
     // Called at every switch-out into S or D: nothing here allocates.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
@@ -121,6 +130,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     gil.finish(end);
     timeline.finish(end);
     if (parallel) parallel->finish();
+    if (relay) relay->close();  // every event formatted: the writer is this thread's again
 
     // 8. Outputs.
     const auto threads = timeline.threads();

@@ -110,7 +110,8 @@ void Session::run(EventSink& sink) {
     // thread nothing of this frame (the stages' stack) is touched per record.
     // The reader stage only beside the stages: inline, nothing is ahead.
     ReaderStage* const stage = threaded ? reader_stage_ : nullptr;
-    auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, stage, begin, end] {
+    const std::function<bool()>* const idle_work = threaded && reader_idle_ ? &reader_idle_ : nullptr;
+    auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, stage, idle_work, begin, end] {
         ReaderSide& rd = *rdp;
         ChunkTable& chunks = rd.chunks;
         std::vector<Handed>& batch = rd.batch;
@@ -123,6 +124,11 @@ void Session::run(EventSink& sink) {
                 batch.clear();
                 rd.batch_bytes = 0;
                 return;
+            }
+            // Rather than wait for room, do what the stages left to the reader.
+            if (idle_work) {
+                while (handoff.would_wait(rd.batch_bytes) && (*idle_work)()) {
+                }
             }
             if (!handoff.push(std::move(batch), rd.batch_bytes)) rd.stopped = true;
             batch.clear();

@@ -157,22 +157,21 @@ void TraceWriter::end(char* p) {
     }
 }
 
-void TraceWriter::span(const Span& s) {
-    if (!wanted(s.tgid)) return;
+bool TraceWriter::wanted(const Span& s) const {
+    if (!wanted(s.tgid)) return false;
     switch (s.kind) {
-    case SpanKind::Running:
-        if (!opt_.running) return;
-        break;
-    case SpanKind::Runnable:
-        if (!opt_.runnable) return;
-        break;
+    case SpanKind::Running: return opt_.running;
+    case SpanKind::Runnable: return opt_.runnable;
     case SpanKind::Sleep:
     case SpanKind::DiskSleep:
-    case SpanKind::Other:
-        if (!opt_.sleeping) return;
-        break;
+    case SpanKind::Other: return opt_.sleeping;
     case SpanKind::Unknown: break;
     }
+    return true;
+}
+
+void TraceWriter::span(const Span& s) {
+    if (!wanted(s)) return;
     char* p = begin(kFixed + str_bound(s.name) + str_bound(s.state) + str_bound(s.evidence) + s.stack_json.size());
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);

@@ -15,6 +15,7 @@
 #include "gilscan/modules.h"
 #include "gilscan/output_file.h"
 #include "gilscan/process_maps.h"
+#include "gilscan/trace_relay.h"
 #include "gilscan/trace_writer.h"
 #include "test_util.h"
 
@@ -56,7 +57,7 @@ struct Run {
 // `cycles` rounds of: 11 asks for the GIL held by 12 and sleeps inside
 // take_gil (S(GIL), labelled from the uprobes), 12 drops it and wakes 11,
 // 12 sleeps (plain S), 11 takes the GIL, drops it later.
-Run run(int cycles, bool trace) {
+Run run(int cycles, bool trace, bool relayed = false) {
     GilRecording g;
     for (int i = 0; i < cycles; ++i) {
         const uint64_t t = 1000 + static_cast<uint64_t>(i) * 1000;
@@ -79,20 +80,25 @@ Run run(int cycles, bool trace) {
     // With the trace: spans, GIL spans and counters formatted into the
     // output's buffers and written by its thread.
     const std::string out_path = f.path + ".json";
+    // Relayed: handed over as bytes and formatted at the end (-j 2 and up).
     std::unique_ptr<OutputFile> out;
     std::unique_ptr<TraceWriter> writer;
+    std::unique_ptr<TraceRelay> relay;
     if (trace) {
         out = std::make_unique<OutputFile>(out_path);
         writer = std::make_unique<TraceWriter>(*out, TraceOptions());
+        if (relayed) relay = std::make_unique<TraceRelay>(*writer);
     }
-    GilTracker gil(writer.get());
+    TraceSink* const to = relay ? static_cast<TraceSink*>(relay.get()) : writer.get();
+    GilTracker gil(to);
     CountingSink sink;
-    sink.next = writer.get();
+    sink.next = to;
     Timeline tl(s, sink);
     tl.set_classifier(gil_probe_classifier(gil));
     FanOut stages({&gil, &tl});
     const uint64_t before = g_news.load();
     s.run(stages);
+    if (relay) relay->close();
     const uint64_t after = g_news.load();
     if (out) std::remove(out_path.c_str());  // never committed
     return {after - before, sink.spans, sink.gil_sleeps};
@@ -101,9 +107,11 @@ Run run(int cycles, bool trace) {
 }  // namespace
 
 TEST_CASE("no heap allocation per event: decoding, GIL tracker, timeline, probe labels, the trace") {
-    for (bool trace : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {
+        const bool trace = mode > 0, relayed = mode == 2;
         CAPTURE(trace);
-        const Run small = run(2000, trace), large = run(4000, trace);
+        CAPTURE(relayed);
+        const Run small = run(2000, trace, relayed), large = run(4000, trace, relayed);
         CAPTURE(small.allocations);
         CAPTURE(large.allocations);
         // The labelled path really ran, once per cycle.

@@ -69,4 +69,23 @@ with tempfile.TemporaryDirectory() as tmp:
         got = hashlib.sha256(open(out, "rb").read()).hexdigest()
         check(got == digest, f"{args}: the same bytes as the first version ({got[:16]} vs {digest[:16]})")
 
+    # A capture large enough for the reader thread (a data section from
+    # 4 MiB): from -j 2 the trace's events are handed over as bytes and
+    # formatted by the reader while it waits for the stages, or by the stages
+    # when nobody had time. Whoever formats, the trace and summary must be
+    # byte for byte -j 1's, where everything is one thread's.
+    out = os.path.join(tmp, "big.data")
+    r = subprocess.run([PERFGEN, "--events", "150000", "--cpus", "16", "--threads", "300", "-o", out],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and os.path.getsize(out) > 8 << 20, f"a capture over 8 MB ({r.stderr})")
+    outs = []
+    for j in ("1", "2", "3"):
+        t, s = os.path.join(tmp, f"big{j}.json"), os.path.join(tmp, f"big{j}.sum.json")
+        g = subprocess.run([GILSCAN, out, "-q", "-j", j, "-o", t, "--summary-json", s], capture_output=True, text=True)
+        check(g.returncode == 0, f"-j {j} on the large capture ({g.stderr[:300]})")
+        outs.append((open(t, "rb").read(), open(s, "rb").read()))
+    check(len(outs[0][0]) > 8 << 20 and b'"GIL wait"' in outs[0][0], "the large capture's trace has GIL spans")
+    check(outs[1] == outs[0], "-j 2 (reader thread, relayed trace) gives -j 1's trace and summary, byte for byte")
+    check(outs[2] == outs[0], "-j 3 too")
+
 done("perfgen")

@@ -1,9 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-
-#include <algorithm>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -529,6 +528,46 @@ TEST_CASE("a threaded run pumps a round while reading the next: the same records
     REQUIRE(got[0].seen.size() == got[0].samples + size_t{kRounds} * kCpus * 3);
     CHECK(got[0].seen.front() == "c0");  // read before anything was released
     CHECK(got[1].seen == got[0].seen);
+}
+
+TEST_CASE("the reader's idle work runs on its thread while the stages' queue is full, and changes nothing delivered") {
+    SchedRecording r;
+    constexpr int kCpus = 2, kPerCpu = 30000;  // some 6 MB: more than may be in flight
+    for (int cpu = 0; cpu < kCpus; ++cpu)
+        for (int i = 0; i < kPerCpu; ++i)
+            r.switch_(1000 + static_cast<uint64_t>(i * kCpus + cpu), static_cast<uint32_t>(cpu), 10, 11, 1, 0);
+    r.w.finished_round();
+    TempFile f(r.w.build());
+    struct Slow : Times {
+        bool slept = false;
+        void on_sample(const Sample& s, const EventInfo& ev) override {
+            if (!slept) {  // the stages fall behind: the reader fills the queue
+                slept = true;
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            }
+            Times::on_sample(s, ev);
+        }
+    };
+    Slow got[2];
+    for (int threaded = 0; threaded < 2; ++threaded) {
+        CAPTURE(threaded);
+        Session s(f.path);
+        s.set_threaded(threaded == 1);
+        std::atomic<int> calls{0}, on_main{0};
+        const auto main_id = std::this_thread::get_id();
+        s.set_reader_idle([&] {
+            on_main += std::this_thread::get_id() == main_id;
+            return ++calls <= 3;  // some work three times, then nothing left
+        });
+        s.run(got[threaded]);
+        CHECK(on_main == 0);
+        if (threaded)
+            CHECK(calls >= 4);  // until it had nothing left, then it waited
+        else
+            CHECK(calls == 0);  // nobody to wait for inline
+    }
+    REQUIRE(got[0].times.size() == size_t{kCpus} * kPerCpu);
+    CHECK(got[1].times == got[0].times);
 }
 
 TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the producer") {

@@ -28,7 +28,7 @@
 
 namespace gilscan {
 
-class TraceWriter;
+class TraceSink;
 
 struct GilThreadStats {
     int32_t tid = -1, tgid = -1;
@@ -64,7 +64,7 @@ enum class GilState : uint8_t { None, Waiting, Holding, Dropping };
 
 class GilTracker : public EventSink {
 public:
-    explicit GilTracker(TraceWriter* trace) : trace_(trace) {}
+    explicit GilTracker(TraceSink* trace) : trace_(trace) {}
 
     void on_sample(const Sample& s, const EventInfo& ev) override;
     void finish(uint64_t end);
@@ -98,7 +98,7 @@ private:
     void end_wait(Thread& th, uint64_t t, bool cut);
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
-    TraceWriter* trace_;
+    TraceSink* trace_;
     struct Kind {
         TpKind kind;
         uint32_t generation;  // of the EventInfo it was derived from

@@ -4,6 +4,7 @@
 //   Handoff<Item> h(8);                       // at most 8 batches in flight
 //   producer:  h.push(std::move(batch));      // false: the consumer gave up
 //              while (h.take_done(b)) ...     // batches the consumer finished
+//              h.would_wait(bytes);           // push() would block now (a hint)
 //              h.wait_idle();                 // everything pushed so far is consumed
 //              h.close();                     // no more batches
 //   consumer:  while (h.pop(b)) { ...; h.done(std::move(b)); }
@@ -68,6 +69,12 @@ public:
     // Bytes of the batches waiting for the consumer. Changed only under the
     // lock; the producer reads it without the lock as a hint.
     size_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
+    // Whether push(batch of `bytes`) would wait for room now, by the byte
+    // bound (a hint: read without the lock).
+    bool would_wait(size_t bytes) const {
+        const size_t q = queued_bytes();
+        return max_bytes_ != 0 && q != 0 && q + bytes > max_bytes_;
+    }
     // Until the consumer has finished every batch pushed so far; false if it gave up.
     bool wait_idle() {
         std::unique_lock<std::mutex> l(mu_);

@@ -118,6 +118,10 @@ public:
     void set_threaded(bool on) { threaded_ = on; }
     // Runs only when the reader has a thread of its own (see set_threaded).
     void set_reader_stage(ReaderStage* stage) { reader_stage_ = stage; }
+    // Work for the reader thread when it would wait for room in the stages'
+    // queue (e.g. TraceRelay::format_some): called until the queue has room
+    // or it returns false. It must not touch what the stages use unguarded.
+    void set_reader_idle(std::function<bool()> f) { reader_idle_ = std::move(f); }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -160,6 +164,7 @@ private:
     size_t chunk_size_ = RecordStream::kChunkSize;
     std::optional<bool> threaded_;
     ReaderStage* reader_stage_ = nullptr;
+    std::function<bool()> reader_idle_;
     // Written by the stages' thread for every record, so on cache lines of
     // their own: sharing one with what the reader thread reads for every
     // record (progress_ sat right after stats_) made each write take the line

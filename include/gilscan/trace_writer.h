@@ -40,19 +40,34 @@ struct TraceMeta {
     std::string cmdline;
 };
 
-class TraceWriter : public SpanSink {
+// What the stages put into a trace: TraceWriter formats each event at once,
+// TraceRelay (trace_relay.h) on a thread of its own.
+class TraceSink : public SpanSink {
+public:
+    // Generic complete event on another track (e.g. GIL spans of later stages).
+    virtual void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
+                          uint64_t end_ns, std::string_view args_json = {}) = 0;
+    // Counter track ("ph":"C"), e.g. the number of threads waiting for the GIL.
+    virtual void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) = 0;
+    // Names an extra track (e.g. the per-process "GIL holder" track).
+    virtual void name_thread(int32_t pid, int32_t tid, std::string_view name) = 0;
+};
+
+class TraceWriter : public TraceSink {
 public:
     TraceWriter(OutputFile& out, TraceOptions opt);
     void span(const Span& s) override;
-    // Generic complete event on another track (e.g. GIL spans of later stages).
     void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                  uint64_t end_ns, std::string_view args_json = {});
-    // Counter track ("ph":"C"), e.g. the number of threads waiting for the GIL.
-    void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json);
-    // Names an extra track (e.g. the per-process "GIL holder" track).
-    void name_thread(int32_t pid, int32_t tid, std::string_view name);
+                  uint64_t end_ns, std::string_view args_json = {}) override;
+    void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) override;
+    void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
+
+    // Whether an event would be written (the options are fixed: a relay
+    // asks before it hands an event over).
+    bool wanted(int32_t pid) const { return opt_.pids.empty() || opt_.pids.count(pid); }
+    bool wanted(const Span& s) const;
 
 private:
     // Events are formatted straight into the output buffer: begin(bound)
@@ -60,7 +75,6 @@ private:
     // end() hands the used part over.
     char* begin(size_t bound);
     void end(char* p);
-    bool wanted(int32_t pid) const { return opt_.pids.empty() || opt_.pids.count(pid); }
     // A "M" event: what = "thread_name" or "process_name".
     void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
 

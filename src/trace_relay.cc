@@ -1,0 +1,239 @@
+#include "gilscan/trace_relay.h"
+
+#include <cstring>
+
+namespace gilscan {
+
+namespace {
+
+// An event's bytes in a block: an Op byte, its fixed fields, then each
+// string as a u32 length and its bytes. Both ends run on this machine, so
+// fields are copied as they are in memory (no alignment: memcpy).
+template <class T>
+inline char* put(char* p, T v) {
+    std::memcpy(p, &v, sizeof v);
+    return p + sizeof v;
+}
+
+inline char* put(char* p, std::string_view s) {
+    p = put(p, static_cast<uint32_t>(s.size()));
+    std::memcpy(p, s.data(), s.size());
+    return p + s.size();
+}
+
+inline size_t str_size(std::string_view s) { return 4 + s.size(); }
+
+struct Unpack {
+    const uint8_t* p;
+    template <class T>
+    T get() {
+        T v;
+        std::memcpy(&v, p, sizeof v);
+        p += sizeof v;
+        return v;
+    }
+    std::string_view str() {
+        const auto n = get<uint32_t>();
+        std::string_view s(reinterpret_cast<const char*>(p), n);
+        p += n;
+        return s;
+    }
+};
+
+enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4 };
+
+}  // namespace
+
+TraceRelay::TraceRelay(TraceWriter& writer) : writer_(writer) { block_.resize(kBlock); }
+
+char* TraceRelay::room(size_t n) {
+    if (used_ + n > block_.size()) {
+        hand_off();
+        if (n > block_.size()) block_.resize(n);  // one event larger than a block (a huge stack)
+    }
+    return reinterpret_cast<char*>(block_.data()) + used_;
+}
+
+void TraceRelay::check_error() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_) std::rethrow_exception(error_);
+}
+
+void TraceRelay::hand_off() {
+    if (used_ == 0) return;
+    ChunkBytes next;
+    size_t queued;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        if (error_) std::rethrow_exception(error_);
+        full_.push_back({std::move(block_), used_});
+        queued = full_.size();
+        if (!spare_.empty()) {
+            next = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    // Full: nobody else had time for them. Format the oldest here (after the
+    // one the reader may be formatting: fmt_ keeps the order).
+    if (queued > kMaxQueued) {
+        std::lock_guard<std::mutex> f(fmt_);
+        if (format_front()) by_producer_.fetch_add(1, std::memory_order_relaxed);
+    }
+    check_error();
+    if (next.empty()) {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!spare_.empty()) {  // the one just formatted, if so
+            next = std::move(spare_.back());
+            spare_.pop_back();
+        }
+    }
+    block_ = std::move(next);
+    if (block_.size() < kBlock) block_.resize(kBlock);
+    used_ = 0;
+}
+
+bool TraceRelay::format_some() {
+    std::unique_lock<std::mutex> f(fmt_, std::try_to_lock);
+    if (!f.owns_lock()) return false;
+    if (!format_front()) return false;
+    by_others_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+bool TraceRelay::format_front() {
+    Full b;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        if (full_.empty() || error_) return false;
+        b = std::move(full_.front());
+        full_.pop_front();
+    }
+    try {
+        replay(b.bytes, b.used);
+    } catch (...) {
+        std::lock_guard<std::mutex> l(mu_);
+        error_ = std::current_exception();
+        full_.clear();
+        return false;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    spare_.push_back(std::move(b.bytes));
+    return true;
+}
+
+void TraceRelay::close() {
+    hand_off();
+    std::lock_guard<std::mutex> f(fmt_);
+    while (format_front()) by_producer_.fetch_add(1, std::memory_order_relaxed);
+    check_error();
+}
+
+void TraceRelay::replay(const ChunkBytes& block, size_t used) {
+    Unpack u{block.data()};
+    const uint8_t* end = block.data() + used;
+    while (u.p < end) {
+        switch (static_cast<Op>(u.get<uint8_t>())) {
+        case Op::Span: {
+            Span s;
+            s.tgid = u.get<int32_t>();
+            s.tid = u.get<int32_t>();
+            s.start = u.get<uint64_t>();
+            s.end = u.get<uint64_t>();
+            s.kind = static_cast<SpanKind>(u.get<uint8_t>());
+            s.waker = u.get<int32_t>();
+            s.cpu = u.get<uint32_t>();
+            const auto flags = u.get<uint8_t>();
+            s.cut_at_end = flags & kCut;
+            s.woken_before_switch = flags & kWokenBeforeSwitch;
+            s.preempted = flags & kPreempted;
+            s.name = u.str();
+            s.state = u.str();
+            s.evidence = u.str();
+            s.stack_json = u.str();
+            writer_.span(s);
+            break;
+        }
+        case Op::Complete: {
+            const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
+            const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
+            const std::string_view name = u.str(), cat = u.str(), args = u.str();
+            writer_.complete(pid, tid, name, cat, start, stop, args);
+            break;
+        }
+        case Op::Counter: {
+            const auto pid = u.get<int32_t>();
+            const auto ts = u.get<uint64_t>();
+            const std::string_view name = u.str(), args = u.str();
+            writer_.counter(pid, name, ts, args);
+            break;
+        }
+        case Op::NameThread: {
+            const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
+            writer_.name_thread(pid, tid, u.str());
+            break;
+        }
+        }
+    }
+}
+
+void TraceRelay::span(const Span& s) {
+    if (!writer_.wanted(s)) return;  // e.g. running spans without --running: most of them
+    char* p = room(1 + 4 + 4 + 8 + 8 + 1 + 4 + 4 + 1 + str_size(s.name) + str_size(s.state) + str_size(s.evidence) +
+                   str_size(s.stack_json));
+    char* const start = p;
+    p = put(p, static_cast<uint8_t>(Op::Span));
+    p = put(p, s.tgid);
+    p = put(p, s.tid);
+    p = put(p, s.start);
+    p = put(p, s.end);
+    p = put(p, static_cast<uint8_t>(s.kind));
+    p = put(p, s.waker);
+    p = put(p, s.cpu);
+    p = put(p, static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
+                                    (s.preempted ? kPreempted : 0)));
+    p = put(p, s.name);
+    p = put(p, s.state);
+    p = put(p, s.evidence);
+    p = put(p, s.stack_json);
+    used_ += static_cast<size_t>(p - start);
+}
+
+void TraceRelay::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
+                          uint64_t end_ns, std::string_view args_json) {
+    if (!writer_.wanted(pid)) return;
+    char* p = room(1 + 4 + 4 + 8 + 8 + str_size(name) + str_size(cat) + str_size(args_json));
+    char* const start = p;
+    p = put(p, static_cast<uint8_t>(Op::Complete));
+    p = put(p, pid);
+    p = put(p, tid);
+    p = put(p, start_ns);
+    p = put(p, end_ns);
+    p = put(p, name);
+    p = put(p, cat);
+    p = put(p, args_json);
+    used_ += static_cast<size_t>(p - start);
+}
+
+void TraceRelay::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
+    if (!writer_.wanted(pid)) return;
+    char* p = room(1 + 4 + 8 + str_size(name) + str_size(args_json));
+    char* const start = p;
+    p = put(p, static_cast<uint8_t>(Op::Counter));
+    p = put(p, pid);
+    p = put(p, ts_ns);
+    p = put(p, name);
+    p = put(p, args_json);
+    used_ += static_cast<size_t>(p - start);
+}
+
+void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {
+    char* p = room(1 + 4 + 4 + str_size(name));
+    char* const start = p;
+    p = put(p, static_cast<uint8_t>(Op::NameThread));
+    p = put(p, pid);
+    p = put(p, tid);
+    p = put(p, name);
+    used_ += static_cast<size_t>(p - start);
+}
+
+}  // namespace gilscan

@@ -1,0 +1,204 @@
+// TraceRelay: events handed over as bytes and formatted later, by another
+// thread (format_some) or by the stages' own (queue full, close): the trace
+// must be byte for byte what the TraceWriter writes directly, whoever
+// formats which block, and an error while formatting must reach the stages.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <sys/resource.h>
+
+#include "gilscan/error.h"
+#include "gilscan/output_file.h"
+#include "gilscan/trace_relay.h"
+#include "gilscan/trace_writer.h"
+#include "perf_writer.h"
+
+using namespace gilscan;
+
+namespace {
+
+std::string slurp(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// A deterministic mix of everything the stages hand over: spans of every
+// kind and flag, strings that need escaping, an evidence text and a stack
+// larger than a whole block, complete events with and without args,
+// counters, track names; pids inside and outside a --pid filter.
+void emit(TraceSink& sink, int n, uint64_t seed = 7) {
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+    const std::string huge_stack = "[" + std::string(TraceRelay::kBlock + 1000, 'f') + "]";
+    const std::string odd = "a\"b\\c\nd\x01\xe9";
+    const SpanKind kinds[] = {SpanKind::Running, SpanKind::Runnable, SpanKind::Sleep,
+                              SpanKind::DiskSleep, SpanKind::Other, SpanKind::Unknown};
+    const char* names[] = {"R", "R+", "S", "D", "other", "unknown"};
+    uint64_t ts = 1'000'000;
+    for (int i = 0; i < n; ++i) {
+        const int32_t pid = 100 + static_cast<int32_t>(rnd() % 4);
+        const int32_t tid = pid * 10 + static_cast<int32_t>(rnd() % 7);
+        ts += rnd() % 50'000;
+        const uint64_t dur = rnd() % 2'000'000;
+        switch (rnd() % 5) {
+        case 0:
+        case 1: {
+            Span s;
+            const unsigned k = static_cast<unsigned>(rnd() % 6);
+            s.tgid = pid;
+            s.tid = tid;
+            s.start = ts;
+            s.end = ts + dur;
+            s.kind = kinds[k];
+            s.name = k == 2 && rnd() % 2 ? "S(GIL)" : names[k];
+            s.state = k == 2 ? "S" : "R+";
+            s.waker = rnd() % 3 ? static_cast<int32_t>(tid + 1) : -1;
+            s.cpu = rnd() % 4 ? static_cast<uint32_t>(rnd() % 64) : ~0u;
+            s.cut_at_end = rnd() % 11 == 0;
+            s.woken_before_switch = rnd() % 13 == 0;
+            s.preempted = rnd() % 2;
+            if (rnd() % 9 == 0) s.evidence = odd;
+            if (i == n / 2) s.stack_json = huge_stack;
+            sink.span(s);
+            break;
+        }
+        case 2:
+            sink.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur, rnd() % 4 ? "" : "{\"cut_at_end\":true}");
+            break;
+        case 3: sink.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(rnd() % 9) + "}"); break;
+        default: sink.name_thread(pid, tid, rnd() % 5 ? "worker" : odd); break;
+        }
+    }
+}
+
+enum class Mode { Direct, Relay, RelayWithHelper };
+
+// The trace file's bytes, written one way or the other.
+std::string trace(Mode mode, const TraceOptions& opt, int n, uint64_t* by_others = nullptr) {
+    test::TempDir dir("gilscan-relay");
+    const std::string path = (dir.path / "t.json").string();
+    {
+        OutputFile out(path);
+        TraceWriter tw(out, opt);
+        if (mode == Mode::Direct) {
+            emit(tw, n / 2);
+            emit(tw, n - n / 2, 99);
+        } else {
+            TraceRelay relay(tw);
+            std::atomic<bool> stop{false};
+            std::thread helper;
+            if (mode == Mode::RelayWithHelper)
+                helper = std::thread([&] {
+                    while (!stop.load()) {
+                        if (!relay.format_some()) std::this_thread::yield();
+                    }
+                });
+            emit(relay, n / 2);
+            // Let the helper take a block or two before the rest comes (on a
+            // loaded machine it may not have run at all yet).
+            for (int w = 0; w < 10000 && mode == Mode::RelayWithHelper && relay.blocks_formatted_by_others() == 0; ++w)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            emit(relay, n - n / 2, 99);
+            stop = true;
+            if (helper.joinable()) helper.join();
+            relay.close();
+            if (by_others) *by_others = relay.blocks_formatted_by_others();
+            if (mode == Mode::Relay) {
+                CHECK(relay.blocks_formatted_by_others() == 0);
+                // Without a filter there are more blocks than may queue: the
+                // stages formatted the oldest whenever the queue was full.
+                CHECK(relay.blocks_formatted_by_producer() > (opt.pids.empty() ? TraceRelay::kMaxQueued : 0));
+            }
+        }
+        tw.finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});
+        out.commit();
+    }
+    return slurp(path);
+}
+
+}  // namespace
+
+TEST_CASE("TraceRelay: the trace is byte for byte the TraceWriter's, whoever formats the blocks") {
+    TraceOptions all, running, some;
+    running.running = true;
+    some.pids = {101, 103};
+    some.runnable = false;
+    for (const TraceOptions* opt : {&all, &running, &some}) {
+        CAPTURE(opt->running);
+        CAPTURE(opt->pids.size());
+        const int n = 60000;  // some 30 blocks
+        const std::string direct = trace(Mode::Direct, *opt, n);
+        REQUIRE(direct.size() > 4 * TraceRelay::kBlock);
+        CHECK(direct.find("S(GIL)") != std::string::npos);
+        const std::string relayed = trace(Mode::Relay, *opt, n);
+        CHECK(relayed.size() == direct.size());
+        CHECK(relayed == direct);
+        uint64_t by_others = 0;
+        const std::string helped = trace(Mode::RelayWithHelper, *opt, n, &by_others);
+        CHECK(by_others > 0);
+        CHECK(helped == direct);
+    }
+}
+
+TEST_CASE("TraceRelay: a write that fails while another thread formats is an error on the stages' thread") {
+    // RLIMIT_FSIZE: writes past 6 MiB fail with EFBIG (SIGXFSZ ignored so
+    // that they return). The OutputFile's writer thread fails, the next
+    // buffer handed to it (by whoever formats) throws, and the relay passes
+    // that on at the next block or at close().
+    test::TempDir dir("gilscan-relay-err");
+    const std::string path = (dir.path / "t.json").string();
+    bool with_helper = false;
+    SUBCASE("formatted by the stages' thread") {}
+    SUBCASE("formatted by another thread") { with_helper = true; }
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim = old;
+    lim.rlim_cur = 6u << 20;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    std::string error;
+    bool from_relay = false;
+    try {
+        OutputFile out(path);
+        TraceWriter tw(out, {});
+        TraceRelay relay(tw);
+        std::atomic<bool> stop{false};
+        std::thread helper;
+        if (with_helper)
+            helper = std::thread([&] {
+                while (!stop.load()) {
+                    if (!relay.format_some()) std::this_thread::yield();
+                }
+            });
+        try {
+            emit(relay, 400000);  // some 50 MB of JSON
+            relay.close();
+        } catch (const Error&) {
+            from_relay = true;  // not only from commit() later
+            stop = true;
+            if (helper.joinable()) helper.join();
+            throw;
+        }
+        stop = true;
+        if (helper.joinable()) helper.join();
+        tw.finish({}, {});
+        out.commit();
+    } catch (const Error& e) {
+        error = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(error.find("write failed") != std::string::npos);
+    CHECK(from_relay);
+    // No trace, not even the temporary.
+    CHECK(std::filesystem::is_empty(dir.path));
+}
