@@ -64,6 +64,16 @@ struct alignas(128) ReaderSide {
     std::exception_ptr error;
 };
 
+// Two records byte for byte (word by word: two different samples differ
+// within their first four words: id, ip, pid/tid, time).
+bool same_bytes(const uint8_t* a, const uint8_t* b, uint32_t size, uint32_t a_size) {
+    if (size != a_size) return false;
+    uint32_t i = 0;
+    for (; i + 8 <= size; i += 8)
+        if (load<uint64_t>(a + i, false) != load<uint64_t>(b + i, false)) return false;
+    return std::memcmp(a + i, b + i, size - i) == 0;
+}
+
 }  // namespace
 
 // Two threads: the reader (framing, decompression, ids, timestamps, ordering)
@@ -101,6 +111,7 @@ void Session::run(EventSink& sink) {
             r.note = h.note;
             deliver(r, sink);
         }
+        keep_last_sample();  // the batch's chunks may be reused once it is back
     };
     // Small recordings are read inline: a second thread would cost more than
     // it overlaps. Same code either way; only send() differs.
@@ -285,36 +296,32 @@ void Session::run(EventSink& sink) {
 
 // perf record (6.1, uprobes) was seen to write a round's last samples again
 // at the start of the next round: the same bytes, id, time, CPU. One
-// tracepoint hit or overflow gives one sample per event, so a sample
-// identical to the one just before it, payload included, is that one again;
+// tracepoint hit or overflow gives one sample per event, so a timed sample
+// identical to the one just before it, byte for byte, is that one again;
 // delivered, it breaks the state machines (a take_gil entered twice: hundreds
 // of "overlapping holders" after it). Equal times alone are not enough: a
 // coarse clock, or a generated capture, gives one waker's two wake-ups the
-// same time. Remembers s as the last sample unless it repeats it.
-bool Session::repeats_last_sample(const Sample& s, int event, uint16_t size) {
+// same time. The bytes are compared only when the times are equal; the
+// previous sample is remembered by where it is, not copied (copying its
+// payload per sample was 5% of the stages' time).
+bool Session::repeats_last_sample(const Sample& s, const RawRecord& r) {
     LastSample& l = last_sample_;
-    const size_t raw_n = std::min(s.raw.size(), sizeof l.raw);
-    if (s.has_time && s.time == l.time && event == l.event && s.cpu == l.cpu && s.tid == l.tid && s.id == l.id &&
-        s.ip == l.ip && size == l.size && raw_n == l.raw_size && std::memcmp(s.raw.data(), l.raw, raw_n) == 0)
-        return true;
+    const uint8_t* rec = r.body.data() - PERF_EVENT_HEADER_SIZE;
+    if (s.has_time && l.rec && s.time == l.time && same_bytes(l.rec, rec, r.size, l.size)) return true;
+    l.rec = s.has_time ? rec : nullptr;
+    l.size = r.size;
     l.time = s.time;
-    l.id = s.id;
-    l.ip = s.ip;
-    l.cpu = s.cpu;
-    l.tid = s.tid;
-    l.event = event;
-    l.size = size;
-    l.raw_size = static_cast<uint16_t>(raw_n);
-    // Fixed-size copies: GCC made the variable-length memcpy a `rep movsq`,
-    // whose start-up cost 35 ns per sample here (15% of a trace run).
-    if (raw_n == sizeof l.raw) {
-        std::memcpy(l.raw, s.raw.data(), sizeof l.raw);
-    } else {
-        size_t i = 0;
-        for (; i + 8 <= raw_n; i += 8) std::memcpy(l.raw + i, s.raw.data() + i, 8);
-        for (; i < raw_n; ++i) l.raw[i] = s.raw[i];
-    }
+    l.copied = false;
     return false;
+}
+
+// Before a batch goes back to the reader (which may then reuse its chunks).
+void Session::keep_last_sample() {
+    LastSample& l = last_sample_;
+    if (!l.rec || l.copied) return;
+    l.copy.assign(l.rec, l.rec + l.size);
+    l.rec = l.copy.data();
+    l.copied = true;
 }
 
 void Session::deliver(const RawRecord& r, EventSink& sink) {
@@ -343,7 +350,7 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
         if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
         Sample& s = sample_cache_[static_cast<size_t>(event_index)];
         if (!decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); })) return;
-        if (repeats_last_sample(s, event_index, r.size)) {
+        if (repeats_last_sample(s, r)) {
             ++stats_.duplicate_samples;
             return;
         }

@@ -174,15 +174,17 @@ private:
     // either. 128: Intel's adjacent-line prefetcher fetches lines in pairs.
     alignas(128) DecodeStats stats_;
     std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
-    bool repeats_last_sample(const Sample& s, int event, uint16_t size);  // delivery.cc
-    struct LastSample {  // the previous sample delivered, to recognise it written twice
-        uint64_t time = 0, id = 0, ip = 0;
-        uint32_t cpu = 0;
-        int32_t tid = 0;
-        int event = -1;
-        uint16_t size = 0;
-        uint16_t raw_size = 0;  // of raw[]: the tracepoint payload's first bytes
-        uint8_t raw[64];        // all of sched_switch's, sched_waking's, a uprobe's
+    // The previous timed sample delivered, to recognise it written twice: its
+    // bytes where they are (in a chunk its batch keeps alive), copied out
+    // once per batch, before the batch goes back (keep_last_sample).
+    bool repeats_last_sample(const Sample& s, const RawRecord& r);  // delivery.cc
+    void keep_last_sample();
+    struct LastSample {
+        const uint8_t* rec = nullptr;  // the whole record, header included; nullptr: none
+        uint32_t size = 0;
+        uint64_t time = 0;
+        bool copied = false;           // rec points into copy
+        std::vector<uint8_t> copy;
     } last_sample_;
 };
 
