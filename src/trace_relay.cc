@@ -17,11 +17,15 @@ inline char* put(char* p, T v) {
 
 inline char* put(char* p, std::string_view s) {
     p = put(p, static_cast<uint32_t>(s.size()));
-    std::memcpy(p, s.data(), s.size());
+    if (!s.empty()) std::memcpy(p, s.data(), s.size());  // an empty view's data() may be null
     return p + s.size();
 }
 
-inline size_t str_size(std::string_view s) { return 4 + s.size(); }
+inline size_t field_size(std::string_view s) { return 4 + s.size(); }
+template <class T>
+inline size_t field_size(T) {
+    return sizeof(T);
+}
 
 struct Unpack {
     const uint8_t* p;
@@ -176,64 +180,35 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
     }
 }
 
+// One event: its Op, then its fields in order (as replay() reads them).
+template <class... F>
+void TraceRelay::append(Op op, const F&... fields) {
+    char* p = room(1 + (field_size(fields) + ...));
+    char* const start = p;
+    p = put(p, static_cast<uint8_t>(op));
+    ((p = put(p, fields)), ...);
+    used_ += static_cast<size_t>(p - start);
+}
+
 void TraceRelay::span(const Span& s) {
     if (!writer_.wanted(s)) return;  // e.g. running spans without --running: most of them
-    char* p = room(1 + 4 + 4 + 8 + 8 + 1 + 4 + 4 + 1 + str_size(s.name) + str_size(s.state) + str_size(s.evidence) +
-                   str_size(s.stack_json));
-    char* const start = p;
-    p = put(p, static_cast<uint8_t>(Op::Span));
-    p = put(p, s.tgid);
-    p = put(p, s.tid);
-    p = put(p, s.start);
-    p = put(p, s.end);
-    p = put(p, static_cast<uint8_t>(s.kind));
-    p = put(p, s.waker);
-    p = put(p, s.cpu);
-    p = put(p, static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
-                                    (s.preempted ? kPreempted : 0)));
-    p = put(p, s.name);
-    p = put(p, s.state);
-    p = put(p, s.evidence);
-    p = put(p, s.stack_json);
-    used_ += static_cast<size_t>(p - start);
+    const auto flags = static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
+                                            (s.preempted ? kPreempted : 0));
+    append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
+           s.state, s.evidence, s.stack_json);
 }
 
 void TraceRelay::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
                           uint64_t end_ns, std::string_view args_json) {
-    if (!writer_.wanted(pid)) return;
-    char* p = room(1 + 4 + 4 + 8 + 8 + str_size(name) + str_size(cat) + str_size(args_json));
-    char* const start = p;
-    p = put(p, static_cast<uint8_t>(Op::Complete));
-    p = put(p, pid);
-    p = put(p, tid);
-    p = put(p, start_ns);
-    p = put(p, end_ns);
-    p = put(p, name);
-    p = put(p, cat);
-    p = put(p, args_json);
-    used_ += static_cast<size_t>(p - start);
+    if (writer_.wanted(pid)) append(Op::Complete, pid, tid, start_ns, end_ns, name, cat, args_json);
 }
 
 void TraceRelay::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (!writer_.wanted(pid)) return;
-    char* p = room(1 + 4 + 8 + str_size(name) + str_size(args_json));
-    char* const start = p;
-    p = put(p, static_cast<uint8_t>(Op::Counter));
-    p = put(p, pid);
-    p = put(p, ts_ns);
-    p = put(p, name);
-    p = put(p, args_json);
-    used_ += static_cast<size_t>(p - start);
+    if (writer_.wanted(pid)) append(Op::Counter, pid, ts_ns, name, args_json);
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {
-    char* p = room(1 + 4 + 4 + str_size(name));
-    char* const start = p;
-    p = put(p, static_cast<uint8_t>(Op::NameThread));
-    p = put(p, pid);
-    p = put(p, tid);
-    p = put(p, name);
-    used_ += static_cast<size_t>(p - start);
+    append(Op::NameThread, pid, tid, name);
 }
 
 }  // namespace gilscan

@@ -68,6 +68,8 @@ public:
 
 private:
     enum class Op : uint8_t { Span, Complete, Counter, NameThread };
+    template <class... F>
+    void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
     char* room(size_t n);  // n bytes at the end of the current block
     void hand_off();       // the current block to the queue, a spare one in its place
     // Formats the oldest queued block; called with fmt_ held. False: none.
