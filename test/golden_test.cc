@@ -27,13 +27,6 @@ namespace {
 
 const fs::path kData = GILSCAN_TESTDATA;
 
-std::string slurp(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 nlohmann::json load_json(const fs::path& p) {
     std::ifstream f(p);
     REQUIRE_MESSAGE(f.good(), "missing " << p);

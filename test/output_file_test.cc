@@ -5,17 +5,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
-#include <csignal>
 
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,18 +23,13 @@
 
 #include "gilscan/error.h"
 #include "gilscan/output_file.h"
+#include "perf_writer.h"
 
 using namespace gilscan;
+using gilscan::test::slurp;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 // Next to the build: a real disk filesystem (O_DIRECT works there), unlike tmpfs.
 fs::path scratch(const std::string& name) {
@@ -195,12 +189,7 @@ TEST_CASE("output: a write the system refuses is an error, and no file is left")
     SUBCASE("writer thread") {}
     SUBCASE("no writer thread") { writer_thread = false; }
     const fs::path p = scratch("toolarge.json");
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit lim = old;
-    lim.rlim_cur = 68u << 20;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    std::optional<test::FileSizeLimit> limit(68u << 20);
     bool threw = false;
     try {
         OutputFile out(p.string(), writer_thread);
@@ -210,8 +199,7 @@ TEST_CASE("output: a write the system refuses is an error, and no file is left")
         threw = true;
         CHECK(std::string(e.what()).find("write failed") != std::string::npos);
     }
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, old_handler);
+    limit.reset();
     CHECK(threw);
     check_nothing_left(p);
 }

@@ -14,10 +14,15 @@
 #include <stdexcept>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <zstd.h>
 
 #include "gilscan/cursor.h"
@@ -555,6 +560,34 @@ struct TempDir {
     TempDir(const TempDir&) = delete;
     TempDir& operator=(const TempDir&) = delete;
 };
+
+// While alive, writes past `bytes` fail with EFBIG (RLIMIT_FSIZE; SIGXFSZ
+// ignored so that they return instead of killing the process).
+struct FileSizeLimit {
+    explicit FileSizeLimit(rlim_t bytes) {
+        if (::getrlimit(RLIMIT_FSIZE, &old) != 0) throw std::runtime_error("getrlimit failed");
+        old_handler = std::signal(SIGXFSZ, SIG_IGN);
+        rlimit lim = old;
+        lim.rlim_cur = bytes;
+        if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) throw std::runtime_error("setrlimit failed");
+    }
+    ~FileSizeLimit() {
+        ::setrlimit(RLIMIT_FSIZE, &old);
+        std::signal(SIGXFSZ, old_handler);
+    }
+    FileSizeLimit(const FileSizeLimit&) = delete;
+    FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+    rlimit old{};
+    void (*old_handler)(int) = nullptr;
+};
+
+// A whole file's bytes ("" if it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
 
 // Writes bytes to a fresh temporary file and removes it afterwards.
 struct TempFile {

@@ -28,6 +28,19 @@ struct Times : EventSink {
     void on_comm(const CommEvent& e) override { comms.emplace_back(e.comm); }
 };
 
+// Reads the recording inline and with the reader thread; check(session, times) after each.
+template <class Check>
+void run_both_ways(const std::string& path, Check check) {
+    for (bool threaded : {false, true}) {
+        CAPTURE(threaded);
+        Session s(path);
+        s.set_threaded(threaded);
+        Times t;
+        s.run(t);
+        check(s, t);
+    }
+}
+
 SchedRecording small(bool swap = false) {
     SchedRecording r(swap);
     r.w.comm(r.sw, 10, 11, "worker", 50);
@@ -182,18 +195,13 @@ TEST_CASE("a sample written twice (a round's last samples again at the next roun
     r.switch_(40, 1, 1, 3, 1, 0);
     r.w.finished_round();
     TempFile f(r.w.build());
-    for (bool threaded : {false, true}) {
-        CAPTURE(threaded);
-        Session s(f.path);
-        s.set_threaded(threaded);
-        Times t;
-        s.run(t);
+    run_both_ways(f.path, [](const Session& s, const Times& t) {
         CHECK(t.times == std::vector<uint64_t>{10, 20, 30, 30, 30, 35, 35, 40});
         CHECK(s.stats().duplicate_samples == 1);
         CHECK(s.stats().out_of_order == 0);
         const auto& w = s.stats().warnings;
         CHECK(std::any_of(w.begin(), w.end(), [](const std::string& x) { return x.find("1 sample(s) skipped that repeat") != std::string::npos; }));
-    }
+    });
 }
 
 TEST_CASE("samples written twice are delivered once where the pair straddles two batches too") {
@@ -211,16 +219,11 @@ TEST_CASE("samples written twice are delivered once where the pair straddles two
     }
     r.w.finished_round();
     TempFile f(r.w.build());
-    for (bool threaded : {false, true}) {
-        CAPTURE(threaded);
-        Session s(f.path);
-        s.set_threaded(threaded);
-        Times t;
-        s.run(t);
+    run_both_ways(f.path, [&](const Session& s, const Times& t) {
         CHECK(s.stats().duplicate_samples == kPairs);
         REQUIRE(t.times.size() == size_t{kPairs} + 1);
         for (int i = 0; i < kPairs; ++i) CHECK(t.times[static_cast<size_t>(i) + 1] == 10 + static_cast<uint64_t>(i));
-    }
+    });
 }
 
 TEST_CASE("bounded queue: without rounds the older half is released; chunks are released after delivery") {

@@ -6,14 +6,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 
-#include <sys/resource.h>
 
 #include "gilscan/error.h"
 #include "gilscan/output_file.h"
@@ -22,15 +21,9 @@
 #include "perf_writer.h"
 
 using namespace gilscan;
+using gilscan::test::slurp;
 
 namespace {
-
-std::string slurp(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 // A deterministic mix of everything the stages hand over: spans of every
 // kind and flag, strings that need escaping, an evidence text and a stack
@@ -159,12 +152,7 @@ TEST_CASE("TraceRelay: a write that fails while another thread formats is an err
     bool with_helper = false;
     SUBCASE("formatted by the stages' thread") {}
     SUBCASE("formatted by another thread") { with_helper = true; }
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit lim = old;
-    lim.rlim_cur = 6u << 20;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    std::optional<test::FileSizeLimit> limit(6u << 20);
     std::string error;
     bool from_relay = false;
     try {
@@ -195,8 +183,7 @@ TEST_CASE("TraceRelay: a write that fails while another thread formats is an err
     } catch (const Error& e) {
         error = e.what();
     }
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, old_handler);
+    limit.reset();
     CHECK(error.find("write failed") != std::string::npos);
     CHECK(from_relay);
     // No trace, not even the temporary.
