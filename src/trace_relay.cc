@@ -65,17 +65,12 @@ void TraceRelay::check_error() {
 
 void TraceRelay::hand_off() {
     if (used_ == 0) return;
-    ChunkBytes next;
     size_t queued;
     {
         std::lock_guard<std::mutex> l(mu_);
         if (error_) std::rethrow_exception(error_);
         full_.push_back({std::move(block_), used_});
         queued = full_.size();
-        if (!spare_.empty()) {
-            next = std::move(spare_.back());
-            spare_.pop_back();
-        }
     }
     // Full: nobody else had time for them. Format the oldest here (after the
     // one the reader may be formatting: fmt_ keeps the order).
@@ -83,10 +78,10 @@ void TraceRelay::hand_off() {
         std::lock_guard<std::mutex> f(fmt_);
         if (format_front()) by_producer_.fetch_add(1, std::memory_order_relaxed);
     }
-    check_error();
-    if (next.empty()) {
+    ChunkBytes next;
+    {
         std::lock_guard<std::mutex> l(mu_);
-        if (!spare_.empty()) {  // the one just formatted, if so
+        if (!spare_.empty()) {  // a formatted block (the one just formatted here, if so)
             next = std::move(spare_.back());
             spare_.pop_back();
         }

@@ -33,8 +33,7 @@ public:
     bool push(std::vector<T>&& batch, size_t bytes = 0) {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] {
-            return aborted_ || (full_.size() < max_ &&
-                                (max_bytes_ == 0 || full_.empty() || queued_bytes() + bytes <= max_bytes_));
+            return aborted_ || (full_.size() < max_ && fits(full_.empty() ? 0 : queued_bytes(), bytes));
         });
         if (aborted_) return false;
         full_.push_back({std::move(batch), bytes});
@@ -71,10 +70,7 @@ public:
     size_t queued_bytes() const { return queued_.load(std::memory_order_relaxed); }
     // Whether push(batch of `bytes`) would wait for room now, by the byte
     // bound (a hint: read without the lock).
-    bool would_wait(size_t bytes) const {
-        const size_t q = queued_bytes();
-        return max_bytes_ != 0 && q != 0 && q + bytes > max_bytes_;
-    }
+    bool would_wait(size_t bytes) const { return !fits(queued_bytes(), bytes); }
     // Until the consumer has finished every batch pushed so far; false if it gave up.
     bool wait_idle() {
         std::unique_lock<std::mutex> l(mu_);
@@ -93,6 +89,8 @@ public:
     }
 
 private:
+    // The byte bound: a batch always fits into an empty queue.
+    bool fits(size_t queued, size_t bytes) const { return max_bytes_ == 0 || queued == 0 || queued + bytes <= max_bytes_; }
     std::mutex mu_;
     std::condition_variable cv_;
     struct Queued {

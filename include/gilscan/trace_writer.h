@@ -41,7 +41,8 @@ struct TraceMeta {
 };
 
 // What the stages put into a trace: TraceWriter formats each event at once,
-// TraceRelay (trace_relay.h) on a thread of its own.
+// TraceRelay (trace_relay.h) hands it over to be formatted later, by the
+// reader thread while it would wait.
 class TraceSink : public SpanSink {
 public:
     // Generic complete event on another track (e.g. GIL spans of later stages).
