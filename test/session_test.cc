@@ -420,7 +420,9 @@ TEST_CASE("EVENT_UPDATE names an event; AUXTRACE's trailing bytes are skipped") 
 
 TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix and merge paths), stable on ties") {
     for (uint64_t kCpus : {2u, 64u})
-    for (uint64_t span : {50u, 1000u, 1u << 20, 1u << 30}) {
+    // Spans of 1 radix digit, 2 (21 bits: 11+10; 26 bits: 13+13), 3 (31: 11+10+10) and 4 (41).
+    for (uint64_t span : {uint64_t{50}, uint64_t{1000}, uint64_t{1} << 20, uint64_t{1} << 25, uint64_t{1} << 30,
+                          uint64_t{1} << 40}) {
         CAPTURE(span);
         CAPTURE(kCpus);
         ChunkTable chunks;
