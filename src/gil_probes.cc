@@ -9,24 +9,18 @@
 
 namespace gilscan {
 
-GilTracker::Thread& GilTracker::thread_of(int32_t pid, int32_t tid) {
-    if (const uint32_t* i = threads_.find(tid)) {
-        if (pid > 0) all_[*i].st.tgid = pid;
-        return all_[*i];
-    }
-    Thread th;
+__attribute__((noinline)) GilTracker::Thread& GilTracker::add_thread(int32_t pid, int32_t tid) {
+    Thread& th = all_.emplace_back();
     th.st.tid = tid;
     th.st.tgid = pid > 0 ? pid : tid;
-    threads_.set(tid, static_cast<uint32_t>(all_.size()));
-    all_.push_back(th);
-    return all_.back();
+    threads_.set(tid, &th);
+    return th;
 }
 
-GilTracker::Process& GilTracker::process_of(int32_t pid) {
-    if (const uint32_t* i = proc_index_.find(pid)) return procs_[*i];
-    proc_index_.set(pid, static_cast<uint32_t>(procs_.size()));
+__attribute__((noinline)) GilTracker::Process& GilTracker::add_process(int32_t pid) {
     Process& p = procs_.emplace_back();
     p.st.pid = pid;
+    proc_index_.set(pid, &p);
     return p;
 }
 
@@ -181,13 +175,13 @@ void GilTracker::finish(uint64_t end) {
 }
 
 GilState GilTracker::state(int32_t tid) const {
-    const uint32_t* i = threads_.find(tid);
-    return i ? all_[*i].state : GilState::None;
+    Thread* const* p = threads_.find(tid);
+    return p ? (*p)->state : GilState::None;
 }
 
 const GilThreadStats* GilTracker::thread(int32_t tid) const {
-    const uint32_t* i = threads_.find(tid);
-    return i ? &all_[*i].st : nullptr;
+    Thread* const* p = threads_.find(tid);
+    return p ? &(*p)->st : nullptr;
 }
 
 std::vector<GilThreadStats> GilTracker::threads() const {

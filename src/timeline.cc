@@ -16,15 +16,13 @@ std::string_view span_kind_name(SpanKind k) {
 
 Timeline::Timeline(const Session& session, SpanSink& sink) : session_(session), sink_(sink) {}
 
-Timeline::Thread& Timeline::thread(int32_t tid) {
-    if (const uint32_t* i = live_.find(tid)) return all_[*i];
-    Thread th;
+__attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
+    Thread& th = all_.emplace_back();
     th.st.tid = tid;
     th.st.first_seen = ~uint64_t{0};  // set by the first scheduler event, not by COMM/FORK
     th.st.last_seen = 0;
-    live_.set(tid, static_cast<uint32_t>(all_.size()));
-    all_.push_back(std::move(th));
-    return all_.back();
+    live_.set(tid, &th);
+    return th;
 }
 
 void Timeline::set_tgid(Thread& th, int32_t tgid) {
@@ -333,7 +331,7 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
         SchedExit x;
         if (!dec_.decode(s, ev, swap, x)) return;
         ++sched_events_;
-        if (const uint32_t* i = live_.find(x.pid)) all_[*i].st.exited = true;
+        if (Thread* const* p = live_.find(x.pid)) (*p)->st.exited = true;
         break;
     }
     default: break;
@@ -342,11 +340,11 @@ void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
 
 void Timeline::on_comm(const CommEvent& e) {
     uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
-    const uint32_t* it = live_.find(e.tid);
-    if (e.exec && it && all_[*it].st.monitored && t > 0) {
+    Thread* const* it = live_.find(e.tid);
+    if (e.exec && it && (*it)->st.monitored && t > 0) {
         // exec replaces the program (a pyenv shim's bash becoming python):
         // the thread's statistics start again under the new program.
-        Thread& old = all_[*it];
+        Thread& old = **it;
         close(old, t, false);
         touch(old, t);
         const bool known = old.known && !old.dead;
@@ -374,17 +372,17 @@ void Timeline::on_comm(const CommEvent& e) {
 }
 
 void Timeline::on_fork(const TaskEvent& e) {
-    const uint32_t* it = live_.find(e.tid);
-    if (it && (all_[*it].st.exited || all_[*it].dead)) live_.erase(e.tid);
+    Thread* const* it = live_.find(e.tid);
+    if (it && ((*it)->st.exited || (*it)->dead)) live_.erase(e.tid);
     Thread& th = thread(e.tid);
     set_tgid(th, e.pid);
     if (th.st.comm.empty()) {
-        if (const uint32_t* p = live_.find(e.ptid)) th.st.comm = all_[*p].st.comm;
+        if (Thread* const* p = live_.find(e.ptid)) th.st.comm = (*p)->st.comm;
     }
 }
 
 void Timeline::on_exit(const TaskEvent& e) {
-    if (const uint32_t* i = live_.find(e.tid)) all_[*i].st.exited = true;
+    if (Thread* const* p = live_.find(e.tid)) (*p)->st.exited = true;
 }
 
 void Timeline::on_lost(const LostEvent& e) {
@@ -397,8 +395,8 @@ void Timeline::on_lost(const LostEvent& e) {
     // Threads in first-seen order (a tid's earlier, replaced entries skipped).
     for (uint32_t idx = 0; idx < all_.size(); ++idx) {
         Thread& th = all_[idx];
-        const uint32_t* live = live_.find(th.st.tid);
-        if (!live || *live != idx) continue;
+        Thread* const* live = live_.find(th.st.tid);
+        if (!live || *live != &th) continue;
         if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
         if (!any_cpu && th.cpu != e.sid.cpu) continue;
         uint64_t cut = std::max(th.since, gap_start);

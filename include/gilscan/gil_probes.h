@@ -90,8 +90,21 @@ private:
         uint32_t holders = 0, waiters = 0;
         uint64_t changed = 0;
     };
-    Thread& thread_of(int32_t pid, int32_t tid);
-    Process& process_of(int32_t pid);
+    // Inline lookups (one or two per probe event); the maps hold the
+    // entries themselves, and making one is out of line.
+    Thread& thread_of(int32_t pid, int32_t tid) {
+        if (Thread* const* p = threads_.find(tid)) {
+            if (pid > 0) (*p)->st.tgid = pid;
+            return **p;
+        }
+        return add_thread(pid, tid);
+    }
+    Process& process_of(int32_t pid) {
+        if (Process* const* p = proc_index_.find(pid)) return **p;
+        return add_process(pid);
+    }
+    Thread& add_thread(int32_t pid, int32_t tid);
+    Process& add_process(int32_t pid);
     void account(Process& p, uint64_t t);  // integrate the process counters up to t
     void set_holder(Process& p, int32_t tid, uint64_t t);
     void waiters_changed(Process& p, uint64_t t);
@@ -104,9 +117,9 @@ private:
         uint32_t generation;  // of the EventInfo it was derived from
     };
     std::vector<Kind> kinds_;  // per EventInfo index
-    TidMap threads_;  // tid -> index in all_
-    std::deque<Thread> all_;
-    TidMap proc_index_;  // pid -> index in procs_
+    IdMap<Thread*> threads_;  // tid -> its entry in all_
+    std::deque<Thread> all_;  // deque: entries never move
+    IdMap<Process*> proc_index_;  // pid -> its entry in procs_
     std::deque<Process> procs_;
     GilAnomalies anomalies_;
     uint64_t probe_events_ = 0;
