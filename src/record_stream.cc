@@ -26,15 +26,6 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     return id;
 }
 
-void ChunkTable::release(uint32_t id) {
-    Chunk& c = chunks_[id];
-    if (--c.refs != 0) return;
-    // The buffer is kept for the next acquire(): memory stays at the peak of
-    // live chunks (bounded by the ordering window), and a fresh buffer's page
-    // faults and zeroing are paid once, not per chunk.
-    free_.push_back(id);
-}
-
 RecordStream::RecordStream(const MappedFile& file, uint64_t begin, uint64_t end, bool swap, ChunkTable& chunks,
                            size_t chunk_size)
     : file_(file),

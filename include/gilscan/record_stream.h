@@ -51,7 +51,13 @@ public:
     uint64_t base(uint32_t id) const { return chunks_[id].base; }
     bool compressed(uint32_t id) const { return chunks_[id].compressed; }
     void retain(uint32_t id) { ++chunks_[id].refs; }
-    void release(uint32_t id);
+    // Inline: called twice per record (the ordering queue and the batch each hold one).
+    void release(uint32_t id) {
+        // The buffer is kept for the next acquire(): memory stays at the peak of
+        // live chunks (bounded by the ordering window), and a fresh buffer's page
+        // faults and zeroing are paid once, not per chunk.
+        if (--chunks_[id].refs == 0) free_.push_back(id);
+    }
     size_t live() const { return chunks_.size() - free_.size(); }
 
 private:
