@@ -164,8 +164,6 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     return f;
 }
 
-TpKind TracepointDecoder::kind(const EventInfo& ev) { return fields(ev).kind; }
-
 const PrevStateTable& TracepointDecoder::prev_state_table(const EventInfo& ev) { return fields(ev).states; }
 
 const PrevState& TracepointDecoder::prev_state(const EventInfo& ev, int64_t v) {

@@ -88,7 +88,7 @@ struct PrevStateTable {
 
 class TracepointDecoder {
 public:
-    TpKind kind(const EventInfo& ev);
+    TpKind kind(const EventInfo& ev) { return fields(ev).kind; }  // inline: once per sample
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& out);
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedWake& out);
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedFork& out);
