@@ -25,7 +25,8 @@
 //
 // Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
-// run by run (n log runs) instead of sorted. std::merge takes from its first
+// run by run (log runs passes) or radix-sorted on their time (a pass per
+// 13 bits of the round's span), whichever takes fewer passes. std::merge takes from its first
 // range on ties (so does ours) and runs are merged in file order, so equal
 // timestamps keep file order without a sequence number.
 #pragma once
