@@ -26,9 +26,9 @@
 // Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
 // run by run (log runs passes) or radix-sorted on their time (a pass per
-// 13 bits of the round's span), whichever takes fewer passes. std::merge takes from its first
-// range on ties (so does ours) and runs are merged in file order, so equal
-// timestamps keep file order without a sequence number.
+// 13 bits of the round's span), whichever takes fewer passes. std::merge
+// takes from its first range on ties (so does ours) and runs are merged in
+// file order, so equal timestamps keep file order without a sequence number.
 #pragma once
 
 #include <algorithm>
@@ -131,18 +131,25 @@ private:
     // resize() leaves new entries uninitialized: every one is written by the
     // sort or merge before it is read. (std::allocator's zero fill of the
     // scratch buffer was 1% of the reader thread on a 64-CPU capture.)
-    struct UninitAlloc : std::allocator<Entry> {
+    template <class T>
+    struct UninitAlloc : std::allocator<T> {
         template <class U>
         struct rebind {
-            using other = UninitAlloc;
+            using other = UninitAlloc<U>;
         };
-        void construct(Entry* p) noexcept { ::new (static_cast<void*>(p)) Entry; }
-        template <class... A>
-        void construct(Entry* p, A&&... a) noexcept {
-            ::new (static_cast<void*>(p)) Entry{std::forward<A>(a)...};
+        UninitAlloc() = default;
+        template <class U>
+        UninitAlloc(const UninitAlloc<U>&) noexcept {}
+        template <class U>
+        void construct(U* p) noexcept {
+            ::new (static_cast<void*>(p)) U;  // default-initialized: left as it is
+        }
+        template <class U, class... A>
+        void construct(U* p, A&&... a) {
+            ::new (static_cast<void*>(p)) U{std::forward<A>(a)...};
         }
     };
-    using Entries = std::vector<Entry, UninitAlloc>;
+    using Entries = std::vector<Entry, UninitAlloc<Entry>>;
 
     // std::merge without the unpredictable branch per element (runs of
     // different CPUs interleave at random): the side to take is selected

@@ -1,5 +1,7 @@
 // IdMap — tid/pid/cpu -> value, the lookup every scheduler event does
-// several times. TidMap is the common case: tid -> index.
+// several times. The timeline and the GIL tracker map a tid to its entry
+// itself (IdMap<Thread*>: entries live in a deque and never move); TidMap
+// is tid -> index.
 //
 //   TidMap m;
 //   m.set(tid, index);
