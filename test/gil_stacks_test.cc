@@ -162,7 +162,7 @@ TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (
     GilStackClassifier held(&maps, modules, 64, release, names);
     bool user_names_first = false;
     std::thread reader([&] {
-        for (int i = 0; i < 2000 && !user_names_first; ++i) {
+        for (int i = 0; i < 12000 && !user_names_first; ++i) {  // up to a minute (sanitizers)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
             std::lock_guard<std::mutex> l(names->mu);
             for (const auto& [layout, pcs] : names->names) user_names_first |= !pcs.empty();

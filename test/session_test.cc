@@ -570,12 +570,19 @@ TEST_CASE("the reader's idle work runs on its thread while the stages' queue is 
             r.switch_(1000 + static_cast<uint64_t>(i * kCpus + cpu), static_cast<uint32_t>(cpu), 10, 11, 1, 0);
     r.w.finished_round();
     TempFile f(r.w.build());
+    // The stages stall at their first sample until the reader has found the
+    // queue full and run out of idle work (not for a fixed time: on a loaded
+    // machine, under a sanitizer, the reader may take longer than any sleep
+    // to fill the queue).
     struct Slow : Times {
-        bool slept = false;
+        const std::atomic<int>* calls = nullptr;  // null: inline, nobody to wait for
+        bool waited = false;
         void on_sample(const Sample& s, const EventInfo& ev) override {
-            if (!slept) {  // the stages fall behind: the reader fills the queue
-                slept = true;
-                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            if (!waited && calls) {
+                waited = true;
+                const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                while (calls->load() < 4 && std::chrono::steady_clock::now() < give_up)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
             Times::on_sample(s, ev);
         }
@@ -591,6 +598,7 @@ TEST_CASE("the reader's idle work runs on its thread while the stages' queue is 
             on_main += std::this_thread::get_id() == main_id;
             return ++calls <= 3;  // some work three times, then nothing left
         });
+        if (threaded) got[threaded].calls = &calls;
         s.run(got[threaded]);
         CHECK(on_main == 0);
         if (threaded)
@@ -648,7 +656,9 @@ TEST_CASE("Handoff: a byte budget holds the producer back, and a batch larger th
         ++pushed;
         h.close();
     });
-    for (int i = 0; i < 200 && pushed.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Up to a minute for the first push (a loaded machine, a sanitizer), then
+    // time for a second push that must not happen.
+    for (int i = 0; i < 12000 && pushed.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK(pushed.load() == 1);  // the second batch is held back
     std::vector<int> b;

@@ -98,7 +98,7 @@ std::string trace(Mode mode, const TraceOptions& opt, int n, uint64_t* by_others
             emit(relay, n / 2);
             // Let the helper take a block or two before the rest comes (on a
             // loaded machine it may not have run at all yet).
-            for (int w = 0; w < 10000 && mode == Mode::RelayWithHelper && relay.blocks_formatted_by_others() == 0; ++w)
+            for (int w = 0; w < 60000 && mode == Mode::RelayWithHelper && relay.blocks_formatted_by_others() == 0; ++w)
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
             emit(relay, n - n / 2, 99);
             stop = true;
