@@ -48,7 +48,7 @@ enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4 };
 
 }  // namespace
 
-TraceRelay::TraceRelay(TraceWriter& writer) : writer_(writer) { block_.resize(kBlock); }
+TraceRelay::TraceRelay(TraceWriter& writer) : writer_(writer), filter_(writer.filter()) { block_.resize(kBlock); }
 
 char* TraceRelay::room(size_t n) {
     if (used_ + n > block_.size()) {
@@ -186,7 +186,7 @@ void TraceRelay::append(Op op, const F&... fields) {
 }
 
 void TraceRelay::span(const Span& s) {
-    if (!writer_.wanted(s)) return;  // e.g. running spans without --running: most of them
+    if (!filter_.wanted(s)) return;  // e.g. running spans without --running: most of them
     const auto flags = static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
                                             (s.preempted ? kPreempted : 0));
     append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
@@ -195,11 +195,11 @@ void TraceRelay::span(const Span& s) {
 
 void TraceRelay::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
                           uint64_t end_ns, std::string_view args_json) {
-    if (writer_.wanted(pid)) append(Op::Complete, pid, tid, start_ns, end_ns, name, cat, args_json);
+    if (filter_.wanted(pid)) append(Op::Complete, pid, tid, start_ns, end_ns, name, cat, args_json);
 }
 
 void TraceRelay::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (writer_.wanted(pid)) append(Op::Counter, pid, ts_ns, name, args_json);
+    if (filter_.wanted(pid)) append(Op::Counter, pid, ts_ns, name, args_json);
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {

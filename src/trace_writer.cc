@@ -130,7 +130,7 @@ void append_json_string(std::string& out, std::string_view s) {
     out.resize(static_cast<size_t>(end - out.data()));
 }
 
-TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), opt_(std::move(opt)) {
+TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), filter_{std::move(opt)} {
     out_.write(std::string_view("{\"traceEvents\":[\n"));
 }
 
@@ -157,21 +157,8 @@ void TraceWriter::end(char* p) {
     }
 }
 
-bool TraceWriter::wanted(const Span& s) const {
-    if (!wanted(s.tgid)) return false;
-    switch (s.kind) {
-    case SpanKind::Running: return opt_.running;
-    case SpanKind::Runnable: return opt_.runnable;
-    case SpanKind::Sleep:
-    case SpanKind::DiskSleep:
-    case SpanKind::Other: return opt_.sleeping;
-    case SpanKind::Unknown: break;
-    }
-    return true;
-}
-
 void TraceWriter::span(const Span& s) {
-    if (!wanted(s)) return;
+    if (!filter_.wanted(s)) return;
     char* p = begin(kFixed + str_bound(s.name) + str_bound(s.state) + str_bound(s.evidence) + s.stack_json.size());
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);
@@ -203,7 +190,7 @@ void TraceWriter::span(const Span& s) {
 
 void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
                            uint64_t end_ns, std::string_view args_json) {
-    if (!wanted(pid)) return;
+    if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed + str_bound(name) + str_bound(cat) + args_json.size());
     p = put(p, "{\"ph\":\"X\",\"cat\":");
     p = put_str(p, cat);
@@ -220,7 +207,7 @@ void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std:
 }
 
 void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (!wanted(pid)) return;
+    if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed + str_bound(name) + args_json.size());
     p = put(p, "{\"ph\":\"C\",\"name\":");
     p = put_str(p, name);
@@ -238,7 +225,7 @@ void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
 }
 
 void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name) {
-    if (!wanted(pid)) return;
+    if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed + what.size() + str_bound(name));
     p = put(p, "{\"ph\":\"M\",\"name\":\"");
     p = put(p, what);

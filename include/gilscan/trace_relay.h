@@ -78,6 +78,7 @@ private:
     void check_error();
 
     TraceWriter& writer_;
+    const TraceFilter filter_;  // the writer's, copied: see TraceFilter
     ChunkBytes block_;
     size_t used_ = 0;
 

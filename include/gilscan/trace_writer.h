@@ -33,6 +33,26 @@ struct TraceOptions {
     std::unordered_set<int32_t> pids;  // only these processes (empty: all)
 };
 
+// Which events a trace keeps (the options are fixed for a run). A value:
+// the relay keeps its own copy, so the stages' thread asks it without
+// reading the writer's cache lines, which the formatting thread writes.
+struct TraceFilter {
+    TraceOptions opt;
+    bool wanted(int32_t pid) const { return opt.pids.empty() || opt.pids.count(pid); }
+    bool wanted(const Span& s) const {
+        if (!wanted(s.tgid)) return false;
+        switch (s.kind) {
+        case SpanKind::Running: return opt.running;
+        case SpanKind::Runnable: return opt.runnable;
+        case SpanKind::Sleep:
+        case SpanKind::DiskSleep:
+        case SpanKind::Other: return opt.sleeping;
+        case SpanKind::Unknown: break;
+        }
+        return true;
+    }
+};
+
 struct TraceMeta {
     std::string source_file;
     std::string clock;
@@ -54,7 +74,7 @@ public:
     virtual void name_thread(int32_t pid, int32_t tid, std::string_view name) = 0;
 };
 
-class TraceWriter : public TraceSink {
+class TraceWriter final : public TraceSink {
 public:
     TraceWriter(OutputFile& out, TraceOptions opt);
     void span(const Span& s) override;
@@ -65,10 +85,8 @@ public:
     void finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
 
-    // Whether an event would be written (the options are fixed: a relay
-    // asks before it hands an event over).
-    bool wanted(int32_t pid) const { return opt_.pids.empty() || opt_.pids.count(pid); }
-    bool wanted(const Span& s) const;
+    // Which events are written (a relay asks its copy before it hands an event over).
+    const TraceFilter& filter() const { return filter_; }
 
 private:
     // Events are formatted straight into the output buffer: begin(bound)
@@ -102,7 +120,7 @@ private:
     char ts_text_[24] = {};
 
     OutputFile& out_;
-    TraceOptions opt_;
+    TraceFilter filter_;
     char* start_ = nullptr;
     std::string big_;  // an event too large for the buffer's room (a huge stack) is built here
     uint64_t events_ = 0;
