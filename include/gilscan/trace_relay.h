@@ -39,7 +39,10 @@
 
 namespace gilscan {
 
-class TraceRelay : public TraceSink {
+// alignas(128): its first lines are the stages' (written per event), fmt_
+// and what follows are the formatting thread's (per block), and no other
+// object shares a line with either.
+class alignas(128) TraceRelay : public TraceSink {
 public:
     explicit TraceRelay(TraceWriter& writer);
 
@@ -82,7 +85,7 @@ private:
     ChunkBytes block_;
     size_t used_ = 0;
 
-    std::mutex fmt_;  // held while a block is formatted: one at a time, in order
+    alignas(128) std::mutex fmt_;  // held while a block is formatted: one at a time, in order
     std::mutex mu_;   // the queue, the spares, the error
     struct Full {
         ChunkBytes bytes;

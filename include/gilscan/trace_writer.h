@@ -74,7 +74,9 @@ public:
     virtual void name_thread(int32_t pid, int32_t tid, std::string_view name) = 0;
 };
 
-class TraceWriter final : public TraceSink {
+// alignas(128): the formatting thread writes its state for every event; no
+// other object (the relay, a stage's tables) may share its cache lines.
+class alignas(128) TraceWriter final : public TraceSink {
 public:
     TraceWriter(OutputFile& out, TraceOptions opt);
     void span(const Span& s) override;
