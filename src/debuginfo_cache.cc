@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <ctime>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -33,6 +34,13 @@ constexpr uint64_t kMaxTotal = 4ull << 30;
 std::mutex g_mu;  // the settings, and one entry made at a time per process
 std::string g_dir;
 unsigned g_threads = 1;
+uint64_t g_max_bytes = 0;
+
+// An entry's mtime says when it was last used, to the day: marking it on
+// every run would be a write per run for nothing.
+constexpr int64_t kMarkUsedAfter = 24 * 3600;
+// A temporary this old belongs to no running gilscan (an entry takes seconds).
+constexpr int64_t kStaleTemporary = 3600;
 
 // A read-only mapping of a whole file, with its ELF and section headers
 // copied out (memcpy: never cast in place) after bounds checks.
@@ -231,10 +239,61 @@ int make_entry(const MappedElf& in, const Layout& lay, const std::string& dir, c
 
 }  // namespace
 
-void set_debuginfo_cache(std::string dir, unsigned threads) {
+void set_debuginfo_cache(std::string dir, unsigned threads, uint64_t max_bytes) {
     std::lock_guard<std::mutex> l(g_mu);
     g_dir = std::move(dir);
     g_threads = std::max(1u, threads);
+    g_max_bytes = max_bytes;
+}
+
+uint64_t default_debuginfo_cache_limit() {
+    const char* v = std::getenv("GILSCAN_CACHE_MAX_MB");
+    if (v && *v) {
+        char* end = nullptr;
+        const unsigned long long mb = std::strtoull(v, &end, 10);
+        if (end && *end == '\0' && mb < (1ull << 40)) return mb << 20;
+    }
+    return 2ull << 30;
+}
+
+uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep) {
+    namespace fs = std::filesystem;
+    struct Entry {
+        fs::path path;
+        uint64_t size;
+        int64_t mtime;
+    };
+    std::vector<Entry> entries;
+    uint64_t total = 0, removed = 0;
+    const int64_t now = static_cast<int64_t>(::time(nullptr));
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        struct stat st {};
+        if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        const auto size = static_cast<uint64_t>(st.st_size);
+        if (name.size() > 6 && name.front() == '.' && name.find(".debug") == std::string::npos) {
+            // "." + id + ".XXXXXX": a temporary; only a stale one is removed.
+            if (now - static_cast<int64_t>(st.st_mtime) > kStaleTemporary && ::unlink(it->path().c_str()) == 0)
+                removed += size;
+            continue;
+        }
+        if (name.size() <= 6 || name.compare(name.size() - 6, 6, ".debug") != 0) continue;  // not ours
+        total += size;
+        if (name != keep) entries.push_back({it->path(), size, static_cast<int64_t>(st.st_mtime)});
+    }
+    if (max_bytes == 0 || total <= max_bytes) return removed;
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.mtime < b.mtime; });
+    for (const Entry& e : entries) {
+        if (total <= max_bytes) break;
+        // Another gilscan may have this entry open: unlinking is safe for it
+        // (its fd stays valid), and the next run makes the entry again.
+        if (::unlink(e.path.c_str()) == 0) {
+            total -= e.size;
+            removed += e.size;
+        }
+    }
+    return removed;
 }
 
 std::string default_debuginfo_cache_dir() {
@@ -264,7 +323,11 @@ int cached_debuginfo_fd(const std::string& id, const std::string& debug_file, st
     if (g_dir.empty() || id.empty() || id.find_first_not_of("0123456789abcdef") != std::string::npos) return -1;
     const std::string path = g_dir + "/" + id + ".debug";
     int entry = open_entry(path, id);
-    if (entry < 0) {
+    if (entry >= 0) {
+        struct stat st {};
+        if (::fstat(entry, &st) == 0 && static_cast<int64_t>(::time(nullptr)) - st.st_mtime > kMarkUsedAfter)
+            ::futimens(entry, nullptr);  // used now (a read-only cache stays as it is)
+    } else {
         const int fd = ::open(debug_file.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) return -1;
         MappedElf in(fd);
@@ -273,6 +336,7 @@ int cached_debuginfo_fd(const std::string& id, const std::string& debug_file, st
         if (in.ok && build_id(in) == id && plan(in, lay)) entry = make_entry(in, lay, g_dir, path, id, g_threads);
         ::close(fd);
         if (entry < 0) return -1;  // no cache (read-only disk, ...): libdw inflates as before
+        prune_debuginfo_cache(g_dir, g_max_bytes, id + ".debug");
     }
     if (entry_path) *entry_path = path;
     return entry;

@@ -59,7 +59,9 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            *-dbg packages) in DIR, by build-id, so that later runs
                            skip the inflate (default: $GILSCAN_CACHE_DIR, else
                            $XDG_CACHE_HOME/gilscan, else ~/.cache/gilscan; plus
-                           /debuginfo). Safe to delete at any time
+                           /debuginfo). Safe to delete at any time; kept under
+                           $GILSCAN_CACHE_MAX_MB MiB (default 2048), least
+                           recently used entries removed first
       --no-cache           neither use nor fill that cache
       --all-threads        table: every thread, also of processes without GIL
                            events when the recording has GIL uprobes

@@ -382,3 +382,112 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
     CHECK(cached_debuginfo_fd(other, debug, &path) == -1);
     set_debuginfo_cache("", 1);
 }
+
+namespace {
+
+// Sets a file's mtime `age` seconds into the past.
+void age_file(const fs::path& p, int64_t age) {
+    struct timespec ts[2] {};
+    ts[0].tv_sec = ts[1].tv_sec = ::time(nullptr) - age;
+    REQUIRE(::utimensat(AT_FDCWD, p.c_str(), ts, 0) == 0);
+}
+
+int64_t mtime_of(const fs::path& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return static_cast<int64_t>(st.st_mtime);
+}
+
+}  // namespace
+
+TEST_CASE("debuginfo cache: pruned to its limit, least recently used first, never the entry just made") {
+    TempDir dir;
+    const fs::path cache = dir.path / "c";
+    fs::create_directories(cache);
+    const int64_t day = 24 * 3600;
+    // Four entries of 100 bytes, a used 4..1 days ago; a file that is not
+    // an entry; a temporary left by a crashed run; one being written now.
+    const char* names[] = {"a.debug", "b.debug", "c.debug", "d.debug"};
+    for (int i = 0; i < 4; ++i) {
+        write_file(cache / names[i], std::vector<uint8_t>(100, 1));
+        age_file(cache / names[i], (4 - i) * day);
+    }
+    write_file(cache / "notes.txt", std::vector<uint8_t>(1000, 1));
+    write_file(cache / ".dead.AbC123", std::vector<uint8_t>(50, 1));
+    age_file(cache / ".dead.AbC123", 2 * 3600);
+    write_file(cache / ".live.XyZ789", std::vector<uint8_t>(70, 1));
+
+    SUBCASE("over the limit: the oldest go, the one to keep stays however old") {
+        // 400 bytes of entries, 250 allowed: b and c go (a is kept, d is newest).
+        CHECK(prune_debuginfo_cache(cache.string(), 250, "a.debug") == 100 + 100 + 50);
+        CHECK(fs::exists(cache / "a.debug"));
+        CHECK_FALSE(fs::exists(cache / "b.debug"));
+        CHECK_FALSE(fs::exists(cache / "c.debug"));
+        CHECK(fs::exists(cache / "d.debug"));
+        CHECK(fs::exists(cache / "notes.txt"));      // not an entry: never counted or removed
+        CHECK_FALSE(fs::exists(cache / ".dead.AbC123"));
+        CHECK(fs::exists(cache / ".live.XyZ789"));  // may be another run's entry in the making
+    }
+    SUBCASE("within the limit, or no limit: only the stale temporary goes") {
+        CHECK(prune_debuginfo_cache(cache.string(), 400, "") == 50);
+        for (const char* n : names) CHECK(fs::exists(cache / n));
+        CHECK(prune_debuginfo_cache(cache.string(), 0, "") == 0);
+        for (const char* n : names) CHECK(fs::exists(cache / n));
+    }
+    SUBCASE("a missing directory prunes nothing") {
+        CHECK(prune_debuginfo_cache((dir.path / "none").string(), 1, "") == 0);
+    }
+}
+
+TEST_CASE("debuginfo cache: making an entry applies the limit; using one marks it used") {
+    TempDir dir;
+    const fs::path cache = dir.path / "cache";
+    const fs::path debug = dir.path / "lib.debug";
+    std::string path;
+    const std::string first = "d1" + kId.substr(2), second = "d2" + kId.substr(2);
+
+    // A limit of one byte: every entry made leaves only itself.
+    set_debuginfo_cache(cache.string(), 1, 1);
+    write_file(debug, make_elf(debug_sections(first)));
+    int fd = cached_debuginfo_fd(first, debug, &path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    CHECK(fs::exists(cache / (first + ".debug")));
+    write_file(debug, make_elf(debug_sections(second)));
+    fd = cached_debuginfo_fd(second, debug, &path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    CHECK_FALSE(fs::exists(cache / (first + ".debug")));
+    CHECK(fs::exists(cache / (second + ".debug")));
+
+    // Used: an entry last marked two days ago is marked now; one marked an
+    // hour ago is left as it is (no write per run).
+    set_debuginfo_cache(cache.string(), 1, 0);
+    const fs::path entry = cache / (second + ".debug");
+    age_file(entry, 2 * 24 * 3600);
+    fd = cached_debuginfo_fd(second, debug, &path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    CHECK(mtime_of(entry) >= ::time(nullptr) - 60);
+    age_file(entry, 3600);
+    const int64_t marked = mtime_of(entry);
+    fd = cached_debuginfo_fd(second, debug, &path);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    CHECK(mtime_of(entry) == marked);
+    set_debuginfo_cache("", 1);
+}
+
+TEST_CASE("debuginfo cache: the limit comes from GILSCAN_CACHE_MAX_MB, else 2 GiB") {
+    const char* old = std::getenv("GILSCAN_CACHE_MAX_MB");
+    const std::string saved = old ? old : "";
+    ::setenv("GILSCAN_CACHE_MAX_MB", "300", 1);
+    CHECK(default_debuginfo_cache_limit() == 300ull << 20);
+    ::setenv("GILSCAN_CACHE_MAX_MB", "0", 1);
+    CHECK(default_debuginfo_cache_limit() == 0);
+    ::setenv("GILSCAN_CACHE_MAX_MB", "lots", 1);  // not a number: the default
+    CHECK(default_debuginfo_cache_limit() == 2ull << 30);
+    ::unsetenv("GILSCAN_CACHE_MAX_MB");
+    CHECK(default_debuginfo_cache_limit() == 2ull << 30);
+    if (old) ::setenv("GILSCAN_CACHE_MAX_MB", saved.c_str(), 1);
+}

@@ -22,13 +22,24 @@
 // against the debug file's build-id and expected size before use.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace gilscan {
 
+// $GILSCAN_CACHE_MAX_MB in MiB (0: no limit), else 2 GiB: some hundred
+// inflated debug files (glibc's is 10 MB, libpython's 20-40 MB).
+uint64_t default_debuginfo_cache_limit();
+
+// Bounded: an entry used is marked used (its mtime, at most once a day),
+// and whenever an entry is made the least recently used ones are removed
+// until the directory holds at most the limit (the one just made stays),
+// with temporaries a crashed run left behind (older than an hour).
+//
 // "" turns the cache off (the default). threads: sections inflated in
-// parallel when an entry is made (-j 1: 1).
-void set_debuginfo_cache(std::string dir, unsigned threads);
+// parallel when an entry is made (-j 1: 1). max_bytes: the limit
+// (default_debuginfo_cache_limit()), 0: none.
+void set_debuginfo_cache(std::string dir, unsigned threads, uint64_t max_bytes = default_debuginfo_cache_limit());
 // $GILSCAN_CACHE_DIR, else $XDG_CACHE_HOME/gilscan, else $HOME/.cache/gilscan
 // ("" when none is set), plus "/debuginfo".
 std::string default_debuginfo_cache_dir();
@@ -44,5 +55,9 @@ std::string elf_build_id_hex(int fd);
 // Writes the inflated copy of `in` to the file `out` (truncated first):
 // false when `in` has nothing to inflate or is not an ELF this handles.
 bool write_inflated_elf(int in, int out, unsigned threads);
+// The limit applied to `dir` now: least recently used entries (by mtime)
+// removed until at most max_bytes are left, never `keep` (a file name);
+// stale temporaries removed. Returns the bytes removed.
+uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep);
 
 }  // namespace gilscan
