@@ -57,6 +57,9 @@ struct alignas(128) ReaderSide {
     OrderedQueue q;
     std::vector<Handed> batch, back;
     size_t batch_bytes = 0;
+    // The session's EventIds, copied on the reader thread (see event_ids.h),
+    // and again after each header record that may change them (pipe mode).
+    EventIds ids;
     bool stopped = false;  // the stages gave up (handoff aborted)
     // Reader-side counts, merged with the stages' after both are done.
     uint64_t records = 0, unknown_ids = 0, malformed = 0, unknown_types = 0, first_malformed = 0;
@@ -124,6 +127,9 @@ void Session::run(EventSink& sink) {
     const std::function<bool()>* const idle_work = threaded && reader_idle_ ? &reader_idle_ : nullptr;
     auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, stage, idle_work, begin, end] {
         ReaderSide& rd = *rdp;
+        rd.ids = ids_;
+        const EventIds& ids = rd.ids;
+        const bool swap = header_.swap;
         ChunkTable& chunks = rd.chunks;
         std::vector<Handed>& batch = rd.batch;
         batch.reserve(kBatch);
@@ -161,7 +167,7 @@ void Session::run(EventSink& sink) {
             chunks.retain(rec.chunk);
             const void* note = nullptr;
             if (stage) {
-                const int ev = event_for(rec);  // records of unknown events were never queued
+                const int ev = ids.event_for(rec, swap);  // records of unknown events were never queued
                 if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued_bytes() >= kSpareFrom);
             }
             batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed, note});
@@ -199,6 +205,7 @@ void Session::run(EventSink& sink) {
                     if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
                     try {
                         handle_user_record(r);
+                        rd.ids = ids_;
                     } catch (const Error& e) {
                         if (rd.malformed++ == 0) {
                             rd.first_malformed = r.offset;
@@ -208,27 +215,19 @@ void Session::run(EventSink& sink) {
                     if (r.type > PERF_RECORD_COMPRESSED2) ++rd.unknown_types;
                     continue;
                 }
-                int ev = event_for(r);
+                const int ev = ids.event_for(r, swap);
                 if (ev < 0) {
                     ++rd.unknown_ids;
                     continue;
                 }
                 // Timestamp: a sample's TIME field, else the sample_id_all trailer.
-                const EventInfo& info = events_[static_cast<size_t>(ev)];
-                const size_t words = r.body.size() / 8;
-                const uint8_t* tp = nullptr;
-                if (r.type == PERF_RECORD_SAMPLE) {
-                    if (info.sample_time_index >= 0 && static_cast<size_t>(info.sample_time_index) < words)
-                        tp = r.body.data() + info.sample_time_index * 8;
-                } else if (info.trailer_time_index > 0 && static_cast<size_t>(info.trailer_words) <= words) {
-                    tp = r.body.data() + r.body.size() - info.trailer_time_index * 8;
-                }
+                const uint8_t* tp = ids.time_of(r, ev);
                 if (!tp) {
                     q.drain(hand);
                     hand(r);  // as perf does for records without a time: delivered at once
                     continue;
                 }
-                q.push(load<uint64_t>(tp, header_.swap), r, hand);
+                q.push(load<uint64_t>(tp, swap), r, hand);
             }
             q.flush_all(hand);
             send();

@@ -48,36 +48,15 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
     EventInfo ev;
     ev.index = static_cast<int>(events_.size());
     ev.attr = attr;
-    IdLayout l = id_layout(attr);
-    if (!layout_set_) {
-        layout_ = l;
-        layout_set_ = true;
-    } else if (l.sample_index != layout_.sample_index || l.trailer_index != layout_.trailer_index) {
-        throw Error(path(), Error::no_offset,
-                    "events place their sample id at different positions; perf cannot read this file either");
-    }
     ev.sample_time_index = sample_time_index(attr.sample_type);
     if (attr.sample_id_all() && (attr.sample_type & PERF_SAMPLE_TIME))
         ev.trailer_words = static_cast<int>(sample_id_trailer_size(attr.sample_type) / 8),
         ev.trailer_time_index = 1 + std::popcount(attr.sample_type & (PERF_SAMPLE_ID | PERF_SAMPLE_STREAM_ID |
                                                                       PERF_SAMPLE_CPU | PERF_SAMPLE_IDENTIFIER));
-    for (uint64_t id : ids) id_to_event_[id] = ev.index;
+    if (!ids_.add_event(id_layout(attr), {ev.sample_time_index, ev.trailer_time_index, ev.trailer_words}, ids))
+        throw Error(path(), Error::no_offset,
+                    "events place their sample id at different positions; perf cannot read this file either");
     events_.push_back(std::move(ev));
-    rebuild_dense_ids();
-}
-
-void Session::rebuild_dense_ids() {
-    dense_ids_.clear();
-    if (id_to_event_.empty()) return;
-    uint64_t lo = ~uint64_t{0}, hi = 0;
-    for (const auto& [id, ev] : id_to_event_) {
-        lo = std::min(lo, id);
-        hi = std::max(hi, id);
-    }
-    if (hi - lo >= (1u << 20)) return;  // scattered ids: the map alone
-    dense_base_ = lo;
-    dense_ids_.assign(static_cast<size_t>(hi - lo + 1), -1);
-    for (const auto& [id, ev] : id_to_event_) dense_ids_[static_cast<size_t>(id - lo)] = ev;
 }
 
 void Session::set_tracing(Bytes data, uint64_t offset) {
@@ -108,11 +87,8 @@ void Session::resolve_names_and_formats() {
         const EventDesc& d = features_.event_desc[i];
         int idx = -1;
         for (uint64_t id : d.ids) {
-            auto it = id_to_event_.find(id);
-            if (it != id_to_event_.end()) {
-                idx = it->second;
-                break;
-            }
+            idx = ids_.find(id);
+            if (idx >= 0) break;
         }
         if (idx < 0 && d.ids.empty() && i < events_.size()) idx = static_cast<int>(i);
         if (idx >= 0 && !events_[idx].name_known) {
@@ -142,28 +118,6 @@ std::string Session::clock() const {
     return "perf_clock";  // the kernel's local clock (sched_clock)
 }
 
-int Session::event_for_id(uint64_t id) {
-    if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
-    const uint64_t rel = id - dense_base_;
-    if (rel < dense_ids_.size()) {
-        int ev = dense_ids_[static_cast<size_t>(rel)];
-        if (ev >= 0) return ev;
-    }
-    auto it = id_to_event_.find(id);
-    return it == id_to_event_.end() ? -2 : it->second;
-}
-
-int Session::event_for(const RawRecord& r) {
-    if (events_.size() == 1) return 0;
-    if (events_.empty()) return -1;
-    const bool sample = r.type == PERF_RECORD_SAMPLE;
-    int index = sample ? layout_.sample_index : layout_.trailer_index;
-    if (index < 0) return 0;  // no id in the record: perf uses the first event
-    uint64_t pos = sample ? static_cast<uint64_t>(index) * 8 : r.body.size() - static_cast<uint64_t>(index) * 8;
-    if (r.body.size() < static_cast<uint64_t>(index + 1) * 8 || pos + 8 > r.body.size()) return -2;
-    return event_for_id(load<uint64_t>(r.body.data() + pos, header_.swap));
-}
-
 void Session::handle_user_record(const RawRecord& r) {
     Cursor c(r.body, header_.swap, &file_.path(), r.offset + 8);
     switch (r.type) {
@@ -190,11 +144,11 @@ void Session::handle_user_record(const RawRecord& r) {
         uint64_t type = c.read<uint64_t>();
         uint64_t id = c.read<uint64_t>();
         if (type == PERF_EVENT_UPDATE__NAME) {
-            auto it = id_to_event_.find(id);
-            if (it != id_to_event_.end()) {
-                events_[static_cast<size_t>(it->second)].name = std::string(c.fixed_string(c.left()));
-                events_[it->second].name_known = true;
-                ++events_[it->second].generation;
+            const int ev = ids_.find(id);
+            if (ev >= 0) {
+                events_[static_cast<size_t>(ev)].name = std::string(c.fixed_string(c.left()));
+                events_[static_cast<size_t>(ev)].name_known = true;
+                ++events_[static_cast<size_t>(ev)].generation;
             }
         }
         break;

@@ -27,6 +27,7 @@
 #include "gilscan/header.h"
 #include "gilscan/kernel_records.h"
 #include "gilscan/mapped_file.h"
+#include "gilscan/event_ids.h"
 #include "gilscan/ordering.h"
 #include "gilscan/record_stream.h"
 #include "gilscan/sample.h"
@@ -139,8 +140,7 @@ private:
     void resolve_names_and_formats();
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
-    int event_for(const RawRecord& r);
-    int event_for_id(uint64_t id);
+    int event_for(const RawRecord& r) const { return ids_.event_for(r, header_.swap); }
     void deliver(const RawRecord& r, EventSink& sink);
     void warn(std::string w);
     void open();
@@ -152,14 +152,7 @@ private:
     bool have_tracing_ = false;
     bool tracefs_fallback_ = true;
     std::vector<EventInfo> events_;
-    std::unordered_map<uint64_t, int> id_to_event_;
-    // Sample ids of one recording are mostly a small dense range (the kernel
-    // hands them out in sequence): looked up in a flat table, not the map.
-    uint64_t dense_base_ = 0;
-    std::vector<int32_t> dense_ids_;  // id - dense_base_ -> event index, -1: not in the table
-    void rebuild_dense_ids();
-    IdLayout layout_;
-    bool layout_set_ = false;
+    EventIds ids_;  // the stages'; the reader thread has its own copy (delivery.cc)
     std::function<void(uint64_t, uint64_t)> progress_;
     size_t chunk_size_ = RecordStream::kChunkSize;
     std::optional<bool> threaded_;
