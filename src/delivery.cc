@@ -2,7 +2,6 @@
 // to the stages, with the reader on its own thread for large recordings.
 // (The session's set-up — header, attrs, features, names — is session.cc.)
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -43,13 +42,6 @@ constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get th
 // threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
 // reader took so much over that the stages waited for it 40% of the time.
 constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
-// While the stages' queue is full and the idle work has nothing to do, the
-// reader waits for room this long (µs) at a time, then looks for idle work
-// again: the stages hand work over (a block of trace events) every 100 µs
-// or so, and a reader asleep until there was room left them to the stages
-// (on the scheduler capture with its trace, the stages formatted 35-45% of
-// the blocks without the poll, 3-25% with it).
-constexpr long kIdlePoll = 100;
 // Ready records handed on per read record while the stages' queue has room.
 constexpr size_t kPump = 512;
 
@@ -152,9 +144,7 @@ void Session::run(EventSink& sink) {
             }
             // Rather than wait for room, do what the stages left to the reader.
             if (idle_work) {
-                while (handoff.would_wait(rd.batch_bytes)) {
-                    if ((*idle_work)()) continue;
-                    if (!handoff.wait_room(rd.batch_bytes, std::chrono::microseconds(kIdlePoll))) break;
+                while (handoff.would_wait(rd.batch_bytes) && (*idle_work)()) {
                 }
             }
             if (!handoff.push(std::move(batch), rd.batch_bytes)) rd.stopped = true;

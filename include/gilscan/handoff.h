@@ -71,17 +71,6 @@ public:
     // Whether push(batch of `bytes`) would wait for room now, by the byte
     // bound (a hint: read without the lock).
     bool would_wait(size_t bytes) const { return !fits(queued_bytes(), bytes); }
-    // Waits up to `timeout` for room for a batch of `bytes` (by both bounds);
-    // false when the consumer gave up. For a producer with other work to
-    // look for meanwhile: it waits a little, looks, and waits again.
-    template <class Duration>
-    bool wait_room(size_t bytes, Duration timeout) {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait_for(l, timeout, [&] {
-            return aborted_ || (full_.size() < max_ && fits(full_.empty() ? 0 : queued_bytes(), bytes));
-        });
-        return !aborted_;
-    }
     // Until the consumer has finished every batch pushed so far; false if it gave up.
     bool wait_idle() {
         std::unique_lock<std::mutex> l(mu_);
