@@ -39,14 +39,25 @@ struct Out {
     template <class T>
     void put(T v) {
         if (swap) v = byteswap_int(v);
-        uint8_t tmp[sizeof(T)];
-        std::memcpy(tmp, &v, sizeof(T));
-        b.insert(b.end(), tmp, tmp + sizeof(T));
+        bytes(&v, sizeof(T));
     }
+    // GCC 12 warns (-Wstringop-overflow) about the copy once inlined into
+    // callers, wrongly: it assumes a size past the end of the address space
+    // (with insert() as with resize + memcpy). A known false positive of that
+    // version's range tracking.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
     void bytes(const void* p, size_t n) {
-        auto* c = static_cast<const uint8_t*>(p);
-        b.insert(b.end(), c, c + n);
+        if (n == 0) return;
+        const size_t at = b.size();
+        b.resize(at + n);
+        std::memcpy(b.data() + at, p, n);
     }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
     void str(const std::string& s) { bytes(s.c_str(), s.size() + 1); }
     void pad(size_t align) {
         while (b.size() % align) b.push_back(0);
