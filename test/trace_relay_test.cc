@@ -28,7 +28,8 @@ namespace {
 // A deterministic mix of everything the stages hand over: spans of every
 // kind and flag, strings that need escaping, an evidence text and a stack
 // larger than a whole block, complete events with and without args,
-// counters, track names; pids inside and outside a --pid filter.
+// counters, track names of every length up to 40; pids inside and outside a
+// --pid filter.
 void emit(TraceSink& sink, int n, uint64_t seed = 7) {
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
     const std::string huge_stack = "[" + std::string(TraceRelay::kBlock + 1000, 'f') + "]";
@@ -68,7 +69,13 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             sink.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur, rnd() % 4 ? "" : "{\"cut_at_end\":true}");
             break;
         case 3: sink.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(rnd() % 9) + "}"); break;
-        default: sink.name_thread(pid, tid, rnd() % 5 ? "worker" : odd); break;
+        default: {
+            // Names of every length from 0 to 40 (the relay copies short strings its own way).
+            static const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
+            const std::string name = rnd() % 2 ? alphabet.substr(rnd() % 4, rnd() % 41) : "worker";
+            sink.name_thread(pid, tid, rnd() % 5 ? name : odd);
+            break;
+        }
         }
     }
 }
