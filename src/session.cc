@@ -1,7 +1,6 @@
 #include "gilscan/session.h"
 
 #include <algorithm>
-#include <bit>
 
 #include "gilscan/perf_abi.h"
 
@@ -48,12 +47,7 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
     EventInfo ev;
     ev.index = static_cast<int>(events_.size());
     ev.attr = attr;
-    ev.sample_time_index = sample_time_index(attr.sample_type);
-    if (attr.sample_id_all() && (attr.sample_type & PERF_SAMPLE_TIME))
-        ev.trailer_words = static_cast<int>(sample_id_trailer_size(attr.sample_type) / 8),
-        ev.trailer_time_index = 1 + std::popcount(attr.sample_type & (PERF_SAMPLE_ID | PERF_SAMPLE_STREAM_ID |
-                                                                      PERF_SAMPLE_CPU | PERF_SAMPLE_IDENTIFIER));
-    if (!ids_.add_event(id_layout(attr), {ev.sample_time_index, ev.trailer_time_index, ev.trailer_words}, ids))
+    if (!ids_.add_event(attr, ids))
         throw Error(path(), Error::no_offset,
                     "events place their sample id at different positions; perf cannot read this file either");
     events_.push_back(std::move(ev));

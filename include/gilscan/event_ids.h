@@ -2,7 +2,7 @@
 // carries, and where its timestamp is.
 //
 //   EventIds ids;
-//   ids.add_event({.sample_index = 1, .trailer_index = 1}, {.sample_time_index = 2, ...}, {101, 102});
+//   ids.add_event(attr, {101, 102});        // the attr's index is ids.events() before the call
 //   int ev = ids.event_for(record, swap);   // >= 0, or -2: an id no attr has, -1: no attrs
 //   const uint8_t* t = ids.time_of(record, ev);   // nullptr: the record has no time
 //
@@ -24,18 +24,12 @@
 
 namespace gilscan {
 
-// Where a record of one event holds its timestamp.
-struct TimePos {
-    int sample_time_index = -1;   // u64 index of TIME in a SAMPLE body, -1: none
-    int trailer_time_index = -1;  // u64 index of TIME counted from the end of other records' bodies
-    int trailer_words = 0;        // u64s in the sample_id_all trailer
-};
-
 class EventIds {
 public:
-    // The next event's index is events(). False: the id's position differs
-    // from the events before it (perf cannot read such a file either).
-    bool add_event(IdLayout layout, TimePos when, const std::vector<uint64_t>& ids);
+    // The next event's index is events(). False (nothing added): the attr
+    // places its id elsewhere than the events before it (perf cannot read
+    // such a file either).
+    bool add_event(const PerfEventAttr& attr, const std::vector<uint64_t>& ids);
     size_t events() const { return when_.size(); }
 
     int event_for_id(uint64_t id) const {
@@ -78,6 +72,12 @@ public:
     }
 
 private:
+    // Where a record of one event holds its timestamp.
+    struct TimePos {
+        int sample_time_index = -1;   // u64 index of TIME in a SAMPLE body, -1: none
+        int trailer_time_index = -1;  // u64 index of TIME counted from the end of other records' bodies
+        int trailer_words = 0;        // u64s in the sample_id_all trailer
+    };
     void rebuild_dense();
     IdLayout layout_;
     std::vector<TimePos> when_;  // by event index

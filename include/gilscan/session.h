@@ -40,9 +40,6 @@ struct EventInfo {
     PerfEventAttr attr;
     std::string name;                 // "sched:sched_switch", "python:take_gil__return", ...
     bool name_known = false;          // from EVENT_DESC / EVENT_UPDATE / the formats, not "typeN:configM"
-    int sample_time_index = -1;   // u64 index of TIME in a SAMPLE body, -1: none
-    int trailer_time_index = -1;  // u64 index of TIME counted from the end of other records' bodies
-    int trailer_words = 0;        // u64s in the sample_id_all trailer
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
     // Bumped whenever name or format may have changed (pipe mode's header
     // records): what a stage cached from either (a kind, a field's position
