@@ -205,13 +205,13 @@ void Session::run(EventSink& sink) {
                     if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
                     try {
                         handle_user_record(r);
-                        rd.ids = ids_;
                     } catch (const Error& e) {
                         if (rd.malformed++ == 0) {
                             rd.first_malformed = r.offset;
                             rd.malformed_reason = e.what();
                         }
                     }
+                    rd.ids = ids_;  // whatever the record changed before it failed, if it did
                     if (r.type > PERF_RECORD_COMPRESSED2) ++rd.unknown_types;
                     continue;
                 }
