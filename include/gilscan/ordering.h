@@ -33,10 +33,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <utility>
 #include <vector>
 
+#include "gilscan/byte_buffer.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/record_stream.h"
 
@@ -128,28 +127,9 @@ private:
         uint32_t chunk;  // ChunkTable id
         uint32_t pos;    // the record's header within the chunk
     };
-    // resize() leaves new entries uninitialized: every one is written by the
-    // sort or merge before it is read. (std::allocator's zero fill of the
-    // scratch buffer was 1% of the reader thread on a 64-CPU capture.)
-    template <class T>
-    struct UninitAlloc : std::allocator<T> {
-        template <class U>
-        struct rebind {
-            using other = UninitAlloc<U>;
-        };
-        UninitAlloc() = default;
-        template <class U>
-        UninitAlloc(const UninitAlloc<U>&) noexcept {}
-        template <class U>
-        void construct(U* p) noexcept {
-            ::new (static_cast<void*>(p)) U;  // default-initialized: left as it is
-        }
-        template <class U, class... A>
-        void construct(U* p, A&&... a) {
-            ::new (static_cast<void*>(p)) U{std::forward<A>(a)...};
-        }
-    };
-    using Entries = std::vector<Entry, UninitAlloc<Entry>>;
+    // resize() leaves new entries uninitialized (byte_buffer.h): every one is
+    // written by the sort or merge before it is read.
+    using Entries = std::vector<Entry, UninitAllocator<Entry>>;
 
     // std::merge without the unpredictable branch per element (runs of
     // different CPUs interleave at random): the side to take is selected
