@@ -31,11 +31,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Next to the build: a real disk filesystem (O_DIRECT works there), unlike tmpfs.
+// Next to the build: a real disk filesystem (O_DIRECT works there), unlike
+// tmpfs. Every test removes its files; the directory goes when the tests end
+// (only if empty: what a failed test left stays to be looked at).
 fs::path scratch(const std::string& name) {
-    fs::path d = fs::current_path() / "output_file_test.tmp";
-    fs::create_directories(d);
-    return d / name;
+    struct Dir {
+        fs::path path = fs::current_path() / "output_file_test.tmp";
+        ~Dir() {
+            std::error_code ec;
+            fs::remove(path, ec);
+        }
+    };
+    static const Dir d;
+    fs::create_directories(d.path);
+    return d.path / name;
 }
 
 // Whether the scratch directory takes O_DIRECT (then OutputFile without a
