@@ -348,7 +348,11 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
         // One Sample per attr, reused: the same fields are written every time.
         if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
         Sample& s = sample_cache_[static_cast<size_t>(event_index)];
-        if (!decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); })) return;
+        // The fixed-offset fast path; parse_sample for other layouts, and to
+        // report what is wrong with a body too short for its fields.
+        if (!(ev.layout.fixed && parse_sample_fixed(r.body, swap, ev.layout, s)) &&
+            !decoded([&] { parse_sample(Cursor(r.body, swap, &file_.path(), r.offset + 8), ev.attr, s); }))
+            return;
         if (repeats_last_sample(s, r)) {
             ++stats_.duplicate_samples;
             return;

@@ -105,6 +105,65 @@ void parse_sample(Cursor&& c, const PerfEventAttr& attr, Sample& s) {
     }
 }
 
+SampleLayout sample_layout(const PerfEventAttr& attr) {
+    constexpr uint64_t kFixedFields = PERF_SAMPLE_IDENTIFIER | PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME |
+                                      PERF_SAMPLE_ADDR | PERF_SAMPLE_ID | PERF_SAMPLE_STREAM_ID | PERF_SAMPLE_CPU |
+                                      PERF_SAMPLE_PERIOD;
+    const uint64_t t = attr.sample_type;
+    SampleLayout l;
+    // RAW may come last; anything else after the fixed fields: parse_sample.
+    if (t & ~(kFixedFields | PERF_SAMPLE_RAW)) return l;
+    int at = 0;
+    auto field = [&](uint64_t bit, int8_t& off) {
+        if (t & bit) {
+            off = static_cast<int8_t>(at);
+            at += 8;  // TID is pid+tid, CPU is cpu+res: 8 bytes each too
+        }
+    };
+    // In parse_sample's order (linux/perf_event.h's PERF_RECORD_SAMPLE).
+    field(PERF_SAMPLE_IDENTIFIER, l.identifier);
+    field(PERF_SAMPLE_IP, l.ip);
+    field(PERF_SAMPLE_TID, l.tid);
+    field(PERF_SAMPLE_TIME, l.time);
+    field(PERF_SAMPLE_ADDR, l.addr);
+    field(PERF_SAMPLE_ID, l.id);
+    field(PERF_SAMPLE_STREAM_ID, l.stream_id);
+    field(PERF_SAMPLE_CPU, l.cpu);
+    field(PERF_SAMPLE_PERIOD, l.period);
+    l.size = static_cast<uint8_t>(at);
+    l.raw = (t & PERF_SAMPLE_RAW) != 0;
+    l.fixed = true;
+    return l;
+}
+
+bool parse_sample_fixed(Bytes body, bool swap, const SampleLayout& l, Sample& s) {
+    const size_t n = body.size();
+    if (n < l.size + (l.raw ? 4u : 0u)) return false;
+    const uint8_t* p = body.data();
+    if (l.raw) {
+        const uint32_t size = load<uint32_t>(p + l.size, swap);
+        if (size > n - l.size - 4) return false;
+        s.raw = body.subspan(l.size + 4u, size);
+    }
+    // As parse_sample: ID after IDENTIFIER (both are the id; ID wins).
+    if (l.identifier >= 0) s.id = load<uint64_t>(p + l.identifier, swap);
+    if (l.ip >= 0) s.ip = load<uint64_t>(p + l.ip, swap);
+    if (l.tid >= 0) {
+        s.pid = load<int32_t>(p + l.tid, swap);
+        s.tid = load<int32_t>(p + l.tid + 4, swap);
+    }
+    if (l.time >= 0) {
+        s.time = load<uint64_t>(p + l.time, swap);
+        s.has_time = true;
+    }
+    if (l.addr >= 0) s.addr = load<uint64_t>(p + l.addr, swap);
+    if (l.id >= 0) s.id = load<uint64_t>(p + l.id, swap);
+    if (l.stream_id >= 0) s.stream_id = load<uint64_t>(p + l.stream_id, swap);
+    if (l.cpu >= 0) s.cpu = load<uint32_t>(p + l.cpu, swap);
+    if (l.period >= 0) s.period = load<uint64_t>(p + l.period, swap);
+    return true;
+}
+
 uint64_t sample_id_trailer_size(uint64_t t) {
     return 8 * static_cast<uint64_t>(std::popcount(t & (PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_ID |
                                                         PERF_SAMPLE_STREAM_ID | PERF_SAMPLE_CPU |

@@ -47,6 +47,7 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
     EventInfo ev;
     ev.index = static_cast<int>(events_.size());
     ev.attr = attr;
+    ev.layout = sample_layout(attr);
     if (!ids_.add_event(attr, ids))
         throw Error(path(), Error::no_offset,
                     "events place their sample id at different positions; perf cannot read this file either");

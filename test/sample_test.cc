@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cstring>
+#include <vector>
+
 #include "gilscan/sample.h"
 #include "perf_writer.h"
 
@@ -156,4 +160,104 @@ TEST_CASE("id position and sample_id_all trailer") {
     CHECK(sid.time == 1234);
     CHECK(sid.cpu == 1);
     CHECK(sid.id == 77);
+}
+
+// The fixed-offset fast path against parse_sample: every combination of the
+// fixed fields with and without RAW, both byte orders, bodies of every length
+// around the fields' size and RAW sizes that fit or run past the body. Where
+// parse_sample reads a sample, the fast path reads the same fields (and writes
+// no others); where it throws, the fast path declines.
+TEST_CASE("parse_sample_fixed reads what parse_sample reads, and declines what it refuses") {
+    const uint64_t fixed_bits[] = {PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_IP, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
+                                   PERF_SAMPLE_ADDR, PERF_SAMPLE_ID, PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_CPU,
+                                   PERF_SAMPLE_PERIOD, PERF_SAMPLE_RAW};
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    auto rnd = [&] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return state;
+    };
+    // Every field set to something neither parser writes.
+    auto sentinel = [] {
+        Sample s;
+        s.id = 0x5151;
+        s.ip = s.addr = s.period = s.stream_id = 0x7777;
+        s.pid = s.tid = -9;
+        s.time = 0x1234;
+        s.has_time = false;
+        s.cpu = 77;
+        return s;
+    };
+    size_t fast = 0, declined = 0;
+    for (bool swap : {false, true}) {
+        for (uint32_t m = 0; m < (1u << 10); ++m) {
+            PerfEventAttr a;
+            for (int b = 0; b < 10; ++b)
+                if (m & (1u << b)) a.sample_type |= fixed_bits[b];
+            const SampleLayout l = sample_layout(a);
+            REQUIRE(l.fixed);
+            const size_t fields = 8u * static_cast<size_t>(std::popcount(m & 0x1ffu));
+            CHECK(l.size == fields);
+            for (size_t len = fields > 12 ? fields - 12 : 0; len <= fields + 24; len += 4) {
+                std::vector<uint8_t> body(len);
+                for (auto& byte : body) byte = static_cast<uint8_t>(rnd());
+                if ((m & (1u << 9)) && len >= fields + 4) {
+                    // RAW's size: fitting exactly, short of the end, or past it by one.
+                    const uint32_t left = static_cast<uint32_t>(len - fields - 4);
+                    const uint32_t size = std::vector<uint32_t>{left, left / 2, left + 1}[rnd() % 3];
+                    uint32_t stored = swap ? __builtin_bswap32(size) : size;
+                    std::memcpy(body.data() + fields, &stored, 4);
+                }
+                Sample want = sentinel(), got = sentinel();
+                bool ok = true;
+                try {
+                    parse_sample(Cursor(Bytes(body.data(), body.size()), swap, nullptr, 0), a, want);
+                } catch (const Error&) {
+                    ok = false;
+                }
+                const bool read = parse_sample_fixed(Bytes(body.data(), body.size()), swap, l, got);
+                REQUIRE(read == ok);
+                if (!ok) {
+                    ++declined;
+                    continue;
+                }
+                ++fast;
+                CHECK(got.id == want.id);
+                CHECK(got.ip == want.ip);
+                CHECK(got.pid == want.pid);
+                CHECK(got.tid == want.tid);
+                CHECK(got.time == want.time);
+                CHECK(got.has_time == want.has_time);
+                CHECK(got.addr == want.addr);
+                CHECK(got.stream_id == want.stream_id);
+                CHECK(got.cpu == want.cpu);
+                CHECK(got.period == want.period);
+                CHECK(got.raw.data() == want.raw.data());
+                CHECK(got.raw.size() == want.raw.size());
+            }
+        }
+    }
+    CHECK(fast > 10000);
+    CHECK(declined > 5000);
+}
+
+TEST_CASE("sample_layout: any field past RAW or of variable size leaves the fast path") {
+    for (uint64_t other : {PERF_SAMPLE_READ, PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_BRANCH_STACK, PERF_SAMPLE_REGS_USER,
+                           PERF_SAMPLE_STACK_USER, PERF_SAMPLE_WEIGHT, PERF_SAMPLE_DATA_SRC, PERF_SAMPLE_TRANSACTION,
+                           PERF_SAMPLE_REGS_INTR, PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_CGROUP, PERF_SAMPLE_DATA_PAGE_SIZE,
+                           PERF_SAMPLE_CODE_PAGE_SIZE, PERF_SAMPLE_AUX, PERF_SAMPLE_WEIGHT_STRUCT}) {
+        PerfEventAttr a;
+        a.sample_type = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_RAW | other;
+        CHECK_FALSE(sample_layout(a).fixed);
+    }
+    PerfEventAttr sched;  // what perf record -e sched:... asks for
+    sched.sample_type = PERF_SAMPLE_IDENTIFIER | PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME |
+                        PERF_SAMPLE_CPU | PERF_SAMPLE_PERIOD | PERF_SAMPLE_RAW;
+    const SampleLayout l = sample_layout(sched);
+    CHECK(l.fixed);
+    CHECK(l.raw);
+    CHECK(l.time == 24);
+    CHECK(l.cpu == 32);
+    CHECK(l.size == 48);
 }

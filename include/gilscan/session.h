@@ -38,6 +38,7 @@ namespace gilscan {
 struct EventInfo {
     int index = 0;
     PerfEventAttr attr;
+    SampleLayout layout;              // sample_layout(attr): the fixed-offset fast path
     std::string name;                 // "sched:sched_switch", "python:take_gil__return", ...
     bool name_known = false;          // from EVENT_DESC / EVENT_UPDATE / the formats, not "typeN:configM"
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
