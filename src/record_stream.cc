@@ -58,7 +58,7 @@ void RecordStream::drop_decompressed() {
     dpos_ = 0;
 }
 
-bool RecordStream::next(RawRecord& r) {
+bool RecordStream::next_checked(RawRecord& r) {
     for (;;) {
         if (dchunk_ != kNoChunk && next_from_decompressed(r)) return true;
         if (!next_from_file(r)) {
