@@ -112,7 +112,9 @@ PrevState PrevStateTable::decode(int64_t prev_state) const {
 
 TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     if (by_event_.size() <= static_cast<size_t>(ev.index)) by_event_.resize(static_cast<size_t>(ev.index) + 1);
-    Fields& f = by_event_[static_cast<size_t>(ev.index)];
+    auto& slot = by_event_[static_cast<size_t>(ev.index)];
+    if (!slot) slot = std::make_unique<Fields>();
+    Fields& f = *slot;
     if (f.ready && f.generation == ev.generation) return f;
     // First sight, or the event's name or formats changed (the old field
     // pointers may point into freed formats). PrevStates already handed out
@@ -168,18 +170,15 @@ const PrevStateTable& TracepointDecoder::prev_state_table(const EventInfo& ev) {
 
 const PrevState& TracepointDecoder::prev_state(const EventInfo& ev, int64_t v) {
     Fields& f = fields(ev);
-    int32_t* slot;
+    const PrevState** slot;
     if (v >= 0 && v < 4096) {
-        if (f.small.empty()) f.small.assign(4096, -1);
+        if (f.small.empty()) f.small.assign(4096, nullptr);
         slot = &f.small[static_cast<size_t>(v)];
     } else {
-        slot = &f.large.try_emplace(v, -1).first->second;
+        slot = &f.large.try_emplace(v, nullptr).first->second;
     }
-    if (*slot < 0) {
-        *slot = static_cast<int32_t>(decoded_.size());
-        decoded_.push_back(f.states.decode(v));
-    }
-    return decoded_[static_cast<size_t>(*slot)];
+    if (!*slot) *slot = &decoded_.emplace_back(f.states.decode(v));  // a deque: it stays where it is
+    return **slot;
 }
 
 bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& o) {
