@@ -15,29 +15,6 @@ inline char* put(char* p, T v) {
     return p + sizeof v;
 }
 
-// Most strings handed over are a few bytes ("R+", "GIL wait", a comm):
-// copied inline by two overlapping loads and stores, reading and writing
-// only [0, n), instead of a call to memcpy per string.
-inline void copy_short(char* d, const char* s, size_t n) {
-    if (n >= 8 && n <= 16) {
-        uint64_t a, b;
-        std::memcpy(&a, s, 8);
-        std::memcpy(&b, s + n - 8, 8);
-        std::memcpy(d, &a, 8);
-        std::memcpy(d + n - 8, &b, 8);
-    } else if (n >= 4 && n < 8) {
-        uint32_t a, b;
-        std::memcpy(&a, s, 4);
-        std::memcpy(&b, s + n - 4, 4);
-        std::memcpy(d, &a, 4);
-        std::memcpy(d + n - 4, &b, 4);
-    } else if (n > 16) {
-        std::memcpy(d, s, n);
-    } else {
-        for (size_t i = 0; i < n; ++i) d[i] = s[i];  // 0-3 bytes (an empty view's data() may be null)
-    }
-}
-
 inline char* put(char* p, std::string_view s) {
     p = put(p, static_cast<uint32_t>(s.size()));
     copy_short(p, s.data(), s.size());

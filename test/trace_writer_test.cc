@@ -35,6 +35,55 @@ TEST_CASE("append_json_string escapes what JSON needs and keeps the rest") {
     CHECK(out == "\"\"");
 }
 
+// The escaping checks strings 8 (or 4) bytes at a time: every byte value at
+// every position of strings of 1-40 bytes (word boundaries, the overlapping
+// last word, the 1-3 byte tail), against escaping byte by byte.
+TEST_CASE("append_json_string: any byte at any position of short strings, against a byte-by-byte reference") {
+    auto reference = [](std::string_view s) {
+        std::string o = "\"";
+        for (unsigned char ch : s) {
+            char buf[8];
+            switch (ch) {
+            case '"': o += "\\\""; break;
+            case '\\': o += "\\\\"; break;
+            case '\n': o += "\\n"; break;
+            case '\t': o += "\\t"; break;
+            case '\r': o += "\\r"; break;
+            default:
+                if (ch < 0x20 || ch >= 0x80) {
+                    std::snprintf(buf, sizeof buf, "\\u00%02x", ch);
+                    o += buf;
+                } else {
+                    o += static_cast<char>(ch);
+                }
+            }
+        }
+        return o + "\"";
+    };
+    size_t checked = 0, escaped = 0;
+    for (size_t n = 1; n <= 40; ++n) {
+        for (size_t at = 0; at < n; ++at) {
+            for (int b = 0; b < 256; ++b) {
+                // In a buffer of its own, so that reading past the string would be caught by ASan.
+                std::vector<char> buf(n, 'a');
+                buf[at] = static_cast<char>(b);
+                const std::string_view s(buf.data(), n);
+                std::string out;
+                append_json_string(out, s);
+                const std::string want = reference(s);
+                if (out != want) {
+                    FAIL_CHECK("length " << n << ", byte " << b << " at " << at << ": " << out << " != " << want);
+                    return;
+                }
+                ++checked;
+                escaped += out.size() != n + 2;
+            }
+        }
+    }
+    CHECK(checked == 40 * 41 / 2 * 256);
+    CHECK(escaped == 40 * 41 / 2 * (256 - 94));  // all but 0x20-0x7f, less the quote and the backslash
+}
+
 TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting, event by event") {
     // Tracks colliding in the caches (more tids than slots, pids sharing a
     // slot), negative ids, timestamps crossing the cached digits' 10 ms

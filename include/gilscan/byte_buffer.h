@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <utility>
@@ -67,5 +68,28 @@ struct HugeUninitAllocator : UninitAllocator<T> {
     static constexpr size_t kHuge = 2u << 20;
 };
 using ChunkBytes = std::vector<uint8_t, HugeUninitAllocator<uint8_t>>;
+
+// Copies n bytes, for the short strings of trace events ("R+", "GIL wait",
+// a comm): two overlapping loads and stores, reading and writing only
+// [0, n), instead of a call to memcpy per string.
+inline void copy_short(char* d, const char* s, size_t n) {
+    if (n >= 8 && n <= 16) {
+        uint64_t a, b;
+        std::memcpy(&a, s, 8);
+        std::memcpy(&b, s + n - 8, 8);
+        std::memcpy(d, &a, 8);
+        std::memcpy(d + n - 8, &b, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t a, b;
+        std::memcpy(&a, s, 4);
+        std::memcpy(&b, s + n - 4, 4);
+        std::memcpy(d, &a, 4);
+        std::memcpy(d + n - 4, &b, 4);
+    } else if (n > 16) {
+        std::memcpy(d, s, n);
+    } else {
+        for (size_t i = 0; i < n; ++i) d[i] = s[i];  // 0-3 bytes (an empty view's data() may be null)
+    }
+}
 
 }  // namespace gilscan
