@@ -89,3 +89,26 @@ TEST_CASE("a sleep inside take_gil is S(GIL), inside drop_gil S(GIL handoff)") {
     CHECK(a.thread(11)->gil_sleep_count == 1);
     CHECK(a.thread(11)->gil_sleep_ns == 45);
 }
+
+TEST_CASE("FanOut: samples only to sinks that take them, everything else to all, in order") {
+    struct Log : EventSink {
+        std::string name;
+        bool samples = true;
+        std::vector<std::string>* log = nullptr;
+        void on_sample(const Sample&, const EventInfo&) override { log->push_back(name + ":sample"); }
+        void on_mmap(const MmapEvent&) override { log->push_back(name + ":mmap"); }
+        bool takes_samples() const override { return samples; }
+    };
+    std::vector<std::string> log;
+    Log a, b, c;
+    a.name = "a", b.name = "b", c.name = "c";
+    a.log = b.log = c.log = &log;
+    b.samples = false;
+    FanOut all({&a, &b, &c});
+    Sample s;
+    EventInfo ev;
+    all.on_sample(s, ev);
+    all.on_mmap(MmapEvent{});
+    CHECK(log == std::vector<std::string>{"a:sample", "c:sample", "a:mmap", "b:mmap", "c:mmap"});
+    CHECK_FALSE(ProcessMaps().takes_samples());
+}

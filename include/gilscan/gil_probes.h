@@ -133,9 +133,12 @@ SleepClassifier gil_probe_classifier(const GilTracker& gil);
 // Delivers every event to several sinks, in order.
 class FanOut : public EventSink {
 public:
-    explicit FanOut(std::vector<EventSink*> sinks) : sinks_(std::move(sinks)) {}
+    explicit FanOut(std::vector<EventSink*> sinks) : sinks_(std::move(sinks)) {
+        for (auto* k : sinks_)
+            if (k->takes_samples()) sample_sinks_.push_back(k);
+    }
     void on_sample(const Sample& s, const EventInfo& e) override {
-        for (auto* k : sinks_) k->on_sample(s, e);
+        for (auto* k : sample_sinks_) k->on_sample(s, e);
     }
     void on_comm(const CommEvent& e) override {
         for (auto* k : sinks_) k->on_comm(e);
@@ -155,6 +158,7 @@ public:
 
 private:
     std::vector<EventSink*> sinks_;
+    std::vector<EventSink*> sample_sinks_;  // those that take samples, in the same order
 };
 
 // The id of the per-process "GIL holder" track in the trace.

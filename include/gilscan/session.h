@@ -76,6 +76,9 @@ class EventSink {
 public:
     virtual ~EventSink() = default;
     virtual void on_sample(const Sample&, const EventInfo&) {}
+    // False for a sink whose on_sample does nothing (ProcessMaps): FanOut
+    // then leaves it out of the per-sample calls.
+    virtual bool takes_samples() const { return true; }
     virtual void on_comm(const CommEvent&) {}
     virtual void on_fork(const TaskEvent&) {}
     virtual void on_exit(const TaskEvent&) {}
