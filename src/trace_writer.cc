@@ -1,10 +1,11 @@
 #include "gilscan/trace_writer.h"
 
-#include "gilscan/byte_buffer.h"
-
 #include <charconv>
 #include <cstring>
 #include <map>
+
+#include "gilscan/byte_buffer.h"
+#include "gilscan/cursor.h"
 
 namespace gilscan {
 
@@ -39,35 +40,21 @@ inline uint64_t json_bad_bytes(uint64_t x) {
     return (x & high) | ((x - ones * 0x20) & ~x & high) | any_zero(x ^ (ones * '"')) | any_zero(x ^ (ones * '\\'));
 }
 
-inline uint64_t load_u64(const char* p) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
-}
-inline uint32_t load_u32(const char* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
 // Whether s goes into a JSON string as it is: 8 bytes at a time (the last
 // word overlapping), reading only [0, n). Several strings per event: byte
 // by byte this was a tenth of a scheduler trace's instructions.
 inline bool json_plain(std::string_view s) {
-    const char* d = s.data();
+    const auto* d = reinterpret_cast<const uint8_t*>(s.data());
     const size_t n = s.size();
     if (n >= 8) {
-        uint64_t bad = json_bad_bytes(load_u64(d + n - 8));
-        for (size_t i = 0; i + 8 < n; i += 8) bad |= json_bad_bytes(load_u64(d + i));
+        uint64_t bad = json_bad_bytes(load<uint64_t>(d + n - 8, false));
+        for (size_t i = 0; i + 8 < n; i += 8) bad |= json_bad_bytes(load<uint64_t>(d + i, false));
         return bad == 0;
     }
-    if (n >= 4) return json_bad_bytes(load_u32(d) | uint64_t{load_u32(d + n - 4)} << 32) == 0;
-    unsigned bad = 0;
-    for (size_t i = 0; i < n; ++i) {
-        const auto ch = static_cast<unsigned char>(d[i]);
-        bad |= (ch < 0x20) | (ch >= 0x80) | (ch == '"') | (ch == '\\');
-    }
-    return bad == 0;
+    if (n >= 4) return json_bad_bytes(load<uint32_t>(d, false) | uint64_t{load<uint32_t>(d + n - 4, false)} << 32) == 0;
+    uint64_t w = 0x6161616161616161ull;  // 0-3 bytes shifted into a word of 'a's
+    for (size_t i = 0; i < n; ++i) w = w << 8 | d[i];
+    return json_bad_bytes(w) == 0;
 }
 
 // A JSON string: most are gilscan's own names ("S", "R+", "GIL wait") and
