@@ -110,9 +110,6 @@ bool RecordStream::next_from_file(RawRecord& r) {
     }
     const uint8_t* p = chunks_.data(fchunk_) + (at - cbase_);
     read_header(p, swap_, r);
-    r.offset = at;
-    r.compressed = false;
-    r.extra = {};
     if (r.size < PERF_EVENT_HEADER_SIZE) {
         stop(at, "record of size " + std::to_string(r.size) + " < 8; the rest of the data cannot be framed");
         return false;
@@ -122,9 +119,7 @@ bool RecordStream::next_from_file(RawRecord& r) {
                      " bytes)");
         return false;
     }
-    p = chunks_.data(fchunk_) + (at - cbase_);
-    r.chunk = fchunk_;
-    r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+    frame_in_chunk(r, at);
     uint64_t next = at + r.size;
     // Records whose payload continues past header.size: its length is the
     // body's first field (u32 for tracing data, u64 for AUXTRACE).

@@ -112,11 +112,7 @@ public:
             const uint8_t* p = chunks_.data(fchunk_) + (pos_ - cbase_);
             read_header(p, swap_, r);
             if (r.type < PERF_RECORD_HEADER_ATTR && r.size >= PERF_EVENT_HEADER_SIZE && r.size <= cend_ - pos_) {
-                r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-                r.extra = {};
-                r.offset = pos_;
-                r.chunk = fchunk_;
-                r.compressed = false;
+                frame_in_chunk(r, pos_);
                 pos_ += r.size;
                 return true;
             }
@@ -133,6 +129,16 @@ public:
     const std::vector<std::string>& warnings() const { return warnings_; }
 
 private:
+    // The rest of r, whose header is read: a record at file offset `at`,
+    // wholly inside the current file chunk (both framing paths end here).
+    void frame_in_chunk(RawRecord& r, uint64_t at) const {
+        const uint8_t* p = chunks_.data(fchunk_) + (at - cbase_);
+        r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+        r.extra = {};
+        r.offset = at;
+        r.chunk = fchunk_;
+        r.compressed = false;
+    }
     bool next_checked(RawRecord& r);
     bool next_from_file(RawRecord& r);
     bool next_from_decompressed(RawRecord& r);
