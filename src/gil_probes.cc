@@ -1,7 +1,6 @@
 #include "gilscan/gil_probes.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <string>
 
@@ -34,34 +33,15 @@ void GilTracker::account(Process& p, uint64_t t) {
     p.changed = std::max(p.changed, t);
 }
 
-namespace {
-// prefix + integer + suffix in a stack buffer (no snprintf, no allocation per event).
-std::string_view with_int(char (&buf)[48], std::string_view prefix, int64_t v, std::string_view suffix) {
-    char* p = buf;
-    std::memcpy(p, prefix.data(), prefix.size());
-    p += prefix.size();
-    p = std::to_chars(p, buf + sizeof buf, v).ptr;
-    std::memcpy(p, suffix.data(), suffix.size());
-    p += suffix.size();
-    return std::string_view(buf, static_cast<size_t>(p - buf));
-}
-}  // namespace
-
 void GilTracker::waiters_changed(Process& p, uint64_t t) {
     p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
-    if (trace_) {
-        char args[48];
-        trace_->counter(p.st.pid, "GIL waiters", t, with_int(args, "{\"waiting\":", p.waiters, "}"));
-    }
+    if (trace_) trace_->gil_waiters(p.st.pid, t, p.waiters);
 }
 
 void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
-    if (p.holder > 0 && trace_ && t > p.holder_since) {
-        char name[48], args[48];
-        trace_->complete(p.st.pid, gil_track_tid(p.st.pid), with_int(name, "GIL held by ", p.holder, ""),
-                         "GIL holder", p.holder_since, t, with_int(args, "{\"holder\":", p.holder, "}"));
-    }
+    if (p.holder > 0 && trace_ && t > p.holder_since)
+        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid), p.holder, p.holder_since, t);
     p.holder = tid;
     p.holder_since = t;
 }
@@ -69,15 +49,13 @@ void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
 void GilTracker::end_wait(Thread& th, uint64_t t, bool cut) {
     const uint64_t d = t > th.since ? t - th.since : 0;
     th.st.wait_ns += d;
-    if (trace_) trace_->complete(th.st.tgid, th.st.tid, "GIL wait", "GIL state", th.since, t,
-                                 cut ? "{\"cut_at_end\":true}" : "");
+    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.since, t, cut);
 }
 
 void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     const uint64_t d = t > th.since ? t - th.since : 0;
     th.st.hold_ns += d;
-    if (trace_) trace_->complete(th.st.tgid, th.st.tid, "LOCK", "GIL state", th.since, t,
-                                 cut ? "{\"cut_at_end\":true}" : "");
+    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, th.since, t, cut);
     account(p, t);
     if (p.holders > 0) --p.holders;
     if (p.holder == th.st.tid) set_holder(p, -1, t);

@@ -131,7 +131,8 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
     Unpack u{block.data()};
     const uint8_t* end = block.data() + used;
     while (u.p < end) {
-        switch (static_cast<Op>(u.get<uint8_t>())) {
+        const auto op = static_cast<Op>(u.get<uint8_t>());
+        switch (op) {
         case Op::Span: {
             Span s;
             s.tgid = u.get<int32_t>();
@@ -164,6 +165,26 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
             const auto ts = u.get<uint64_t>();
             const std::string_view name = u.str(), args = u.str();
             writer_.counter(pid, name, ts, args);
+            break;
+        }
+        case Op::GilWait:
+        case Op::GilLock: {
+            const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
+            const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
+            const bool cut = u.get<uint8_t>() != 0;
+            writer_.gil_span(pid, tid, op == Op::GilWait ? GilSpan::Wait : GilSpan::Lock, start, stop, cut);
+            break;
+        }
+        case Op::GilHolder: {
+            const auto pid = u.get<int32_t>(), track = u.get<int32_t>(), holder = u.get<int32_t>();
+            const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
+            writer_.gil_holder(pid, track, holder, start, stop);
+            break;
+        }
+        case Op::GilWaiters: {
+            const auto pid = u.get<int32_t>();
+            const auto ts = u.get<uint64_t>();
+            writer_.gil_waiters(pid, ts, u.get<uint32_t>());
             break;
         }
         case Op::NameThread: {
@@ -204,6 +225,19 @@ void TraceRelay::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {
     append(Op::NameThread, pid, tid, name);
+}
+
+void TraceRelay::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
+    if (filter_.wanted(pid))
+        append(what == GilSpan::Wait ? Op::GilWait : Op::GilLock, pid, tid, start_ns, end_ns, static_cast<uint8_t>(cut));
+}
+
+void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
+    if (filter_.wanted(pid)) append(Op::GilHolder, pid, track_tid, holder, start_ns, end_ns);
+}
+
+void TraceRelay::gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) {
+    if (filter_.wanted(pid)) append(Op::GilWaiters, pid, ts_ns, waiting);
 }
 
 }  // namespace gilscan

@@ -256,6 +256,44 @@ void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, st
     end(p);
 }
 
+void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    p = what == GilSpan::Wait ? put(p, R"({"ph":"X","cat":"GIL state","name":"GIL wait")")
+                              : put(p, R"({"ph":"X","cat":"GIL state","name":"LOCK")");
+    p = put_track(p, pid, tid);
+    p = put_interval(p, start_ns, end_ns);
+    p = cut ? put(p, R"(,"args":{"cut_at_end":true}})") : put(p, "}");
+    end(p);
+}
+
+void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    p = put(p, R"({"ph":"X","cat":"GIL holder","name":"GIL held by )");
+    p = put_int(p, holder);
+    *p++ = '"';
+    p = put_track(p, pid, track_tid);
+    p = put_interval(p, start_ns, end_ns);
+    p = put(p, R"(,"args":{"holder":)");
+    p = put_int(p, holder);
+    p = put(p, "}}");
+    end(p);
+}
+
+void TraceWriter::gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    p = put(p, R"({"ph":"C","name":"GIL waiters")");
+    p = put_pid(p, pid);
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, ts_ns);
+    p = put(p, R"(,"args":{"waiting":)");
+    p = put_int(p, waiting);
+    p = put(p, "}}");
+    end(p);
+}
+
 void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
     metadata("thread_name", pid, tid, name);
 }

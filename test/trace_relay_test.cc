@@ -43,7 +43,7 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
         const int32_t tid = pid * 10 + static_cast<int32_t>(rnd() % 7);
         ts += rnd() % 50'000;
         const uint64_t dur = rnd() % 2'000'000;
-        switch (rnd() % 5) {
+        switch (rnd() % 8) {
         case 0:
         case 1: {
             Span s;
@@ -69,6 +69,13 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             sink.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur, rnd() % 4 ? "" : "{\"cut_at_end\":true}");
             break;
         case 3: sink.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(rnd() % 9) + "}"); break;
+        // The GIL tracker's typed events.
+        case 4:
+            sink.gil_span(pid, tid, rnd() % 2 ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, ts + dur,
+                          rnd() % 4 == 0);
+            break;
+        case 5: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;
+        case 6: sink.gil_waiters(pid, ts, static_cast<uint32_t>(rnd() % 9)); break;
         default: {
             // Names of every length from 0 to 40 (the relay copies short strings its own way).
             static const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";

@@ -147,3 +147,64 @@ TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting
     CHECK(n == expect.size());
     CHECK(mismatches == 0);
 }
+
+TEST_CASE("TraceWriter: the GIL tracker's typed events are the text complete() and counter() write") {
+    // Each typed event against the generic call with the strings the GIL
+    // tracker used to build, in two writers side by side: every byte the
+    // same, through the track and timestamp caches, negative and extreme
+    // ids, zero and reversed intervals, with a --pid filter too.
+    for (const bool filtered : {false, true}) {
+        test::TempDir dir("gilscan-trace-writer-gil");
+        const std::string typed_path = (dir.path / "typed.json").string(), plain_path = (dir.path / "plain.json").string();
+        TraceOptions opt;
+        if (filtered) opt.pids = {7, -1, 2147483647};
+        size_t events = 0;
+        {
+            OutputFile typed_out(typed_path, false), plain_out(plain_path, false);
+            TraceWriter typed(typed_out, opt), plain(plain_out, opt);
+            uint64_t seed = 5;
+            auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+            const int32_t ids[] = {7, 8, -1, 0, 1, 2147483647, -2147483647 - 1, 4194303, 123456};
+            uint64_t ts = 999'999;
+            for (int i = 0; i < 30000; ++i) {
+                const int32_t pid = ids[rnd() % 9], tid = ids[rnd() % 9];
+                ts = i == 15000 ? ~uint64_t{0} / 4 : ts + rnd() % 4'000'000;
+                const uint64_t end = rnd() % 17 == 0 ? ts - rnd() % 1000 : ts + rnd() % 50'000'000;  // reversed: dur 0
+                switch (rnd() % 4) {
+                case 0:
+                case 1: {
+                    const bool wait = rnd() % 2, cut = rnd() % 5 == 0;
+                    typed.gil_span(pid, tid, wait ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, end, cut);
+                    plain.complete(pid, tid, wait ? "GIL wait" : "LOCK", "GIL state", ts, end, cut ? "{\"cut_at_end\":true}" : "");
+                    break;
+                }
+                case 2: {
+                    const int32_t holder = ids[rnd() % 9];
+                    typed.gil_holder(pid, tid, holder, ts, end);
+                    plain.complete(pid, tid, "GIL held by " + std::to_string(holder), "GIL holder", ts, end,
+                                   "{\"holder\":" + std::to_string(holder) + "}");
+                    break;
+                }
+                default: {
+                    const uint32_t waiting = rnd() % 3 == 0 ? ~0u - static_cast<uint32_t>(rnd() % 3) : static_cast<uint32_t>(rnd() % 40);
+                    typed.gil_waiters(pid, ts, waiting);
+                    plain.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(waiting) + "}");
+                    break;
+                }
+                }
+            }
+            events = typed.events_written();
+            CHECK(events == plain.events_written());
+            typed.finish({}, {});
+            plain.finish({}, {});
+            typed_out.commit();
+            plain_out.commit();
+        }
+        const std::string typed = test::slurp(typed_path), plain = test::slurp(plain_path);
+        CHECK(events > (filtered ? 5000u : 29000u));
+        CHECK(typed.size() == plain.size());
+        CHECK(typed == plain);
+        CHECK(typed.find("GIL held by -2147483648") != std::string::npos);
+        CHECK(typed.find("\"waiting\":4294967295}") != std::string::npos);
+    }
+}

@@ -51,6 +51,9 @@ public:
                   uint64_t end_ns, std::string_view args_json = {}) override;
     void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
+    void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
+    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
+    void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) override;
 
     // Any thread: formats the oldest queued block unless another thread is
     // formatting one. False when there was nothing to do (or it was busy).
@@ -70,7 +73,7 @@ public:
     uint64_t blocks_formatted_by_producer() const { return by_producer_.load(std::memory_order_relaxed); }
 
 private:
-    enum class Op : uint8_t { Span, Complete, Counter, NameThread };
+    enum class Op : uint8_t { Span, Complete, Counter, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
     template <class... F>
     void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
     char* room(size_t n);  // n bytes at the end of the current block

@@ -72,6 +72,18 @@ public:
     virtual void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) = 0;
     // Names an extra track (e.g. the per-process "GIL holder" track).
     virtual void name_thread(int32_t pid, int32_t tid, std::string_view name) = 0;
+
+    // The GIL tracker's events, typed: the same text as complete() and
+    // counter() with the strings below, without building, handing over and
+    // checking those strings for every event (they are most of a uprobe
+    // capture's trace: a third of its events are counters, a third GIL spans).
+    //   gil_span:    "GIL wait" or "LOCK", cat "GIL state", args {"cut_at_end":true} when cut
+    //   gil_holder:  "GIL held by H" on the track (pid, track_tid), cat "GIL holder", args {"holder":H}
+    //   gil_waiters: counter "GIL waiters", args {"waiting":N}
+    enum class GilSpan : uint8_t { Wait, Lock };
+    virtual void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) = 0;
+    virtual void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) = 0;
+    virtual void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) = 0;
 };
 
 // alignas(128): the formatting thread writes its state for every event; no
@@ -84,6 +96,9 @@ public:
                   uint64_t end_ns, std::string_view args_json = {}) override;
     void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
+    void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
+    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
+    void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) override;
     void finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
 
