@@ -1,11 +1,11 @@
 #include "gilscan/trace_writer.h"
 
-#include <charconv>
 #include <cstring>
 #include <map>
 
 #include "gilscan/byte_buffer.h"
 #include "gilscan/cursor.h"
+#include "gilscan/decimal.h"
 
 namespace gilscan {
 
@@ -15,19 +15,6 @@ namespace {
 inline char* put(char* p, std::string_view s) {
     std::memcpy(p, s.data(), s.size());
     return p + s.size();
-}
-
-inline char* put_int(char* p, int64_t v) { return std::to_chars(p, p + 24, v).ptr; }
-
-// Microseconds with three decimals: nanosecond precision, no floating point.
-inline char* put_us(char* p, uint64_t ns) {
-    p = std::to_chars(p, p + 24, ns / 1000).ptr;
-    const unsigned frac = static_cast<unsigned>(ns % 1000);
-    p[0] = '.';
-    p[1] = static_cast<char>('0' + frac / 100);
-    p[2] = static_cast<char>('0' + frac / 10 % 10);
-    p[3] = static_cast<char>('0' + frac % 10);
-    return p + 4;
 }
 
 // Non-zero when one of the 8 bytes of x needs escaping in a JSON string: a
@@ -91,16 +78,6 @@ inline char* put_str(char* p, std::string_view s) {
     return p;
 }
 
-constexpr char kDigitPairs[] =
-    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-    "8081828384858687888990919293949596979899";
-
-inline char* put_pair(char* p, unsigned v) {  // v < 100, two digits
-    std::memcpy(p, kDigitPairs + 2 * v, 2);
-    return p + 2;
-}
-
 constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in this
 inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
 
@@ -134,18 +111,19 @@ char* TraceWriter::put_pid(char* p, int32_t pid) {
 }
 
 char* TraceWriter::put_ts(char* p, uint64_t ns) {
-    const uint64_t us = ns / 1000;
-    const uint64_t high = us / 10000;
+    const uint64_t high = ns / 10'000'000;  // 10 ms: the microseconds above their last four digits
     if (high == 0) return put_us(p, ns);  // no leading digits to keep
     if (high != ts_high_) {
         ts_high_ = high;
-        ts_len_ = static_cast<uint32_t>(std::to_chars(ts_text_, ts_text_ + sizeof ts_text_, high).ptr - ts_text_);
+        ts_len_ = static_cast<uint32_t>(put_uint(ts_text_, high) - ts_text_);
     }
     std::memcpy(p, ts_text_, sizeof ts_text_);
     p += ts_len_;
-    const auto low = static_cast<unsigned>(us % 10000), frac = static_cast<unsigned>(ns % 1000);
-    p = put_pair(p, low / 100);
-    p = put_pair(p, low % 100);
+    // The last 10 ms in 32 bits: four digits of microseconds, three of nanoseconds.
+    const auto low = static_cast<uint32_t>(ns - high * 10'000'000);
+    const uint32_t us = low / 1000, frac = low - us * 1000;
+    p = put_pair(p, us / 100);
+    p = put_pair(p, us % 100);
     *p++ = '.';
     *p++ = static_cast<char>('0' + frac / 100);
     return put_pair(p, frac % 100);

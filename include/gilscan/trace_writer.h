@@ -132,7 +132,7 @@ private:
     char* put_interval(char* p, uint64_t start_ns, uint64_t end_ns);  // ,"ts":…,"dur":…
     std::vector<TrackText> tracks_ = std::vector<TrackText>(kTrackSlots);
     std::vector<TrackText> pids_ = std::vector<TrackText>(kPidSlots);
-    uint64_t ts_high_ = ~uint64_t{0};  // microseconds / 10000 that ts_text_ holds
+    uint64_t ts_high_ = ~uint64_t{0};  // ns / 10^7 (microseconds / 10000) that ts_text_ holds
     uint32_t ts_len_ = 0;
     char ts_text_[24] = {};
 
