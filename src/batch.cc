@@ -280,7 +280,10 @@ int batch_main(int argc, char** argv) {
         for (const auto& row : rows_of(r)) {
             ++rows;
             if (csv) {
-                for (size_t c = 0; c < std::size(kColumns); ++c) text += (c ? "," : "") + csv_field(row[kColumns[c]]);
+                for (size_t c = 0; c < std::size(kColumns); ++c) {
+                    if (c) text += ',';
+                    text += csv_field(row[kColumns[c]]);
+                }
                 text += "\n";
             } else {
                 text += row.dump() + "\n";
