@@ -85,19 +85,16 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
     return fmt;
 }
 
-std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok) {
-    uint64_t off = f.offset, len = f.size;
-    if (f.data_loc || f.rel_loc) {
-        // The field itself is a u32: offset (low 16 bits) and length.
-        if (f.offset > raw.size() || raw.size() - f.offset < 4) {
-            if (ok) *ok = false;
-            return {};
-        }
-        const uint32_t loc = load<uint32_t>(raw.data() + f.offset, swap);
-        off = loc & 0xffff;
-        len = loc >> 16;
-        if (f.rel_loc) off += f.offset + 4;
+std::string_view read_loc_str(Bytes raw, const TpField& f, bool swap, bool* ok) {
+    // The field itself is a u32: offset (low 16 bits) and length.
+    if (f.offset > raw.size() || raw.size() - f.offset < 4) {
+        if (ok) *ok = false;
+        return {};
     }
+    const uint32_t loc = load<uint32_t>(raw.data() + f.offset, swap);
+    uint64_t off = loc & 0xffff;
+    const uint64_t len = loc >> 16;
+    if (f.rel_loc) off += f.offset + 4;
     if (off > raw.size() || len > raw.size() - off) {
         if (ok) *ok = false;
         return {};

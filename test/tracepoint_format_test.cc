@@ -87,3 +87,42 @@ TEST_CASE("GIL uprobe names in any group, with perf's duplicate suffixes") {
     CHECK(gil_probe_kind("python:take_gil_helper") == TpKind::Other);
     CHECK(gil_probe_kind("sched:sched_switch") == TpKind::Other);
 }
+
+TEST_CASE("fixed char[N] strings end at their first NUL, whatever the bytes around it") {
+    // comm fields take a word-at-a-time path (N == 16): every position of the
+    // first NUL, bytes before it that fool a careless zero-byte test (0x01,
+    // 0x80, 0xff), anything after it; other sizes go through strnlen.
+    uint64_t seed = 11;
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
+    const uint8_t tricky[] = {0x01, 0x80, 0xff, 0x7f, 0x81, 'a'};
+    size_t checked = 0;
+    for (uint32_t size : {16u, 8u, 15u, 17u, 32u}) {
+        TpField f;
+        f.offset = 4;
+        f.size = size;
+        f.is_array = true;
+        for (uint32_t nul = 0; nul <= size; ++nul) {
+            for (int trial = 0; trial < 200; ++trial) {
+                std::vector<uint8_t> raw(4 + size + 4);
+                for (auto& b : raw) b = rnd();
+                for (uint32_t i = 0; i < nul; ++i) {
+                    uint8_t b = trial % 2 ? tricky[rnd() % 6] : rnd();
+                    raw[4 + i] = b ? b : 1;
+                }
+                if (nul < size) raw[4 + nul] = 0;
+                bool ok = true;
+                const std::string_view got = read_str(raw, f, false, &ok);
+                CHECK(ok);
+                REQUIRE(got.size() == nul);
+                CHECK(got.data() == reinterpret_cast<const char*>(raw.data() + 4));
+                ++checked;
+            }
+        }
+        // The field running past the record: empty, and reported.
+        std::vector<uint8_t> raw(4 + size - 1, 'x');
+        bool ok = true;
+        CHECK(read_str(raw, f, false, &ok).empty());
+        CHECK_FALSE(ok);
+    }
+    CHECK(checked == 200u * (17 + 9 + 16 + 18 + 33));
+}

@@ -9,7 +9,9 @@
 // fields became __data_loc on some events): always go through these.
 #pragma once
 
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +80,37 @@ inline int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullp
     }
 }
 
-std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr);
+// Length of the NUL-terminated string in the n bytes at p (n when none).
+// comm fields are char[16] (TASK_COMM_LEN), two per sched_switch: two words
+// and the "has a zero byte" bit trick, whose lowest set bit marks the first
+// zero byte exactly (a borrow only runs upwards from a zero byte), instead
+// of a call to strnlen.
+inline size_t field_strnlen(const uint8_t* p, size_t n) {
+    if constexpr (std::endian::native == std::endian::little) {
+        if (n == 16) {
+            constexpr uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+            const uint64_t a = load<uint64_t>(p, false), b = load<uint64_t>(p + 8, false);
+            if (const uint64_t m = (a - ones) & ~a & high) return static_cast<size_t>(__builtin_ctzll(m)) / 8;
+            if (const uint64_t m = (b - ones) & ~b & high) return 8 + static_cast<size_t>(__builtin_ctzll(m)) / 8;
+            return 16;
+        }
+    }
+    return strnlen(reinterpret_cast<const char*>(p), n);
+}
+
+// A __data_loc / __rel_loc string (out of line: tracepoint_format.cc).
+std::string_view read_loc_str(Bytes raw, const TpField& f, bool swap, bool* ok);
+
+// A string field up to its first NUL. Inline: two comm fields per sched_switch.
+inline std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+    if (f.data_loc || f.rel_loc) [[unlikely]]
+        return read_loc_str(raw, f, swap, ok);
+    if (f.offset > raw.size() || f.size > raw.size() - f.offset) [[unlikely]] {
+        if (ok) *ok = false;
+        return {};
+    }
+    const uint8_t* p = raw.data() + f.offset;
+    return std::string_view(reinterpret_cast<const char*>(p), field_strnlen(p, f.size));
+}
 
 }  // namespace gilscan
