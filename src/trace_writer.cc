@@ -7,19 +7,17 @@
 #include "gilscan/cursor.h"
 #include "gilscan/decimal.h"
 
-// The helpers below run several times per event: inlined into each event's
-// formatter they save a call, and its register saves and restores, each
-// (some 100 instructions an event, a fifth of the formatting, in the
-// scheduler capture's callgrind profile). The compiler left them out of line
-// on its own.
-#define GILSCAN_HOT_INLINE inline __attribute__((always_inline))
-
+// The helpers marked always_inline run several times per event: inlined
+// into each event's formatter they save a call, and its register saves and
+// restores, each (some 100 instructions an event, a fifth of the formatting,
+// in the scheduler capture's callgrind profile). The compiler left them out
+// of line on its own.
 namespace gilscan {
 
 namespace {
 
 // Formatting into a raw buffer that begin() sized for the worst case.
-inline char* put(char* p, std::string_view s) {
+[[gnu::always_inline]] inline char* put(char* p, std::string_view s) {
     std::memcpy(p, s.data(), s.size());
     return p + s.size();
 }
@@ -28,7 +26,7 @@ inline char* put(char* p, std::string_view s) {
 // control character (< 0x20), non-ASCII (>= 0x80), '"' or '\\'. The "any
 // byte below n" and "any byte zero" tests of the bit hacks collection
 // (exact as a yes/no answer; the bit that says yes may be off).
-GILSCAN_HOT_INLINE uint64_t json_bad_bytes(uint64_t x) {
+[[gnu::always_inline]] inline uint64_t json_bad_bytes(uint64_t x) {
     constexpr uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
     auto any_zero = [](uint64_t v) { return (v - ones) & ~v & high; };
     return (x & high) | ((x - ones * 0x20) & ~x & high) | any_zero(x ^ (ones * '"')) | any_zero(x ^ (ones * '\\'));
@@ -37,7 +35,7 @@ GILSCAN_HOT_INLINE uint64_t json_bad_bytes(uint64_t x) {
 // Whether s goes into a JSON string as it is: 8 bytes at a time (the last
 // word overlapping), reading only [0, n). Several strings per event: byte
 // by byte this was a tenth of a scheduler trace's instructions.
-GILSCAN_HOT_INLINE bool json_plain(std::string_view s) {
+[[gnu::always_inline]] inline bool json_plain(std::string_view s) {
     const auto* d = reinterpret_cast<const uint8_t*>(s.data());
     const size_t n = s.size();
     if (n >= 8) {
@@ -79,7 +77,7 @@ __attribute__((noinline)) char* put_escaped(char* p, std::string_view s) {
 
 // A JSON string: most are gilscan's own names ("S", "R+", "GIL wait") and
 // are copied straight; comm names and paths may need escaping.
-GILSCAN_HOT_INLINE char* put_str(char* p, std::string_view s) {
+[[gnu::always_inline]] inline char* put_str(char* p, std::string_view s) {
     *p++ = '"';
     if (json_plain(s)) {
         copy_short(p, s.data(), s.size());
@@ -110,7 +108,7 @@ __attribute__((noinline)) uint32_t track_text(char* text, int32_t pid, int32_t t
 
 // The slot's text, made first if it holds another track: ,"pid":P and,
 // with_tid (in tracks_, not in pids_), ,"tid":T.
-GILSCAN_HOT_INLINE char* TraceWriter::put_cached(char* p, TrackText& t, int32_t pid, int32_t tid, bool with_tid) {
+[[gnu::always_inline]] inline char* TraceWriter::put_cached(char* p, TrackText& t, int32_t pid, int32_t tid, bool with_tid) {
     if (t.len == 0 || t.tid != tid || t.pid != pid) [[unlikely]] {
         t.pid = pid;
         t.tid = tid;
@@ -120,16 +118,16 @@ GILSCAN_HOT_INLINE char* TraceWriter::put_cached(char* p, TrackText& t, int32_t 
     return p + t.len;
 }
 
-GILSCAN_HOT_INLINE char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
+[[gnu::always_inline]] inline char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
     // By tid modulo the slots: a process's tids are mostly consecutive.
     return put_cached(p, tracks_[static_cast<uint32_t>(tid) % kTrackSlots], pid, tid, true);
 }
 
-GILSCAN_HOT_INLINE char* TraceWriter::put_pid(char* p, int32_t pid) {
+[[gnu::always_inline]] inline char* TraceWriter::put_pid(char* p, int32_t pid) {
     return put_cached(p, pids_[static_cast<uint32_t>(pid) % kPidSlots], pid, 0, false);
 }
 
-GILSCAN_HOT_INLINE char* TraceWriter::put_ts(char* p, uint64_t ns) {
+[[gnu::always_inline]] inline char* TraceWriter::put_ts(char* p, uint64_t ns) {
     const uint64_t high = ns / 10'000'000;  // 10 ms: the microseconds above their last four digits
     if (high == 0) return put_us(p, ns);  // no leading digits to keep
     if (high != ts_high_) {
@@ -149,7 +147,7 @@ GILSCAN_HOT_INLINE char* TraceWriter::put_ts(char* p, uint64_t ns) {
 }
 
 // ,"ts":start,"dur":end-start (never negative)
-GILSCAN_HOT_INLINE char* TraceWriter::put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
+[[gnu::always_inline]] inline char* TraceWriter::put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
     p = put(p, ",\"ts\":");
     p = put_ts(p, start_ns);
     p = put(p, ",\"dur\":");
@@ -167,7 +165,7 @@ TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), filter_
     out_.write(std::string_view("{\"traceEvents\":[\n"));
 }
 
-GILSCAN_HOT_INLINE char* TraceWriter::begin(size_t bound) {
+[[gnu::always_inline]] inline char* TraceWriter::begin(size_t bound) {
     bound += 2;  // ",\n"
     if (bound <= OutputFile::kBufferSize / 2) {
         start_ = out_.room(bound);
@@ -180,7 +178,7 @@ GILSCAN_HOT_INLINE char* TraceWriter::begin(size_t bound) {
     return p;
 }
 
-GILSCAN_HOT_INLINE void TraceWriter::end(char* p) {
+[[gnu::always_inline]] inline void TraceWriter::end(char* p) {
     const size_t n = static_cast<size_t>(p - start_);
     if (!big_.empty()) {
         out_.write(big_.data(), n);

@@ -51,8 +51,9 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
 
 // Readers return 0 / "" when the field lies outside `raw` (a short record is
 // per-sample trouble, not a fatal error); `ok` reports it when given.
-// Inline: the decoder reads five of these per sched_switch.
-inline uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+// Always inlined: the decoder reads five of these per sched_switch (with
+// link-time optimization GCC made each a call).
+[[gnu::always_inline]] inline uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
     if (f.offset > raw.size() || f.size > raw.size() - f.offset) [[unlikely]] {
         if (ok) *ok = false;
         return 0;
@@ -69,7 +70,7 @@ inline uint64_t read_uint(Bytes raw, const TpField& f, bool swap, bool* ok = nul
     }
 }
 
-inline int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+[[gnu::always_inline]] inline int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
     const uint64_t v = read_uint(raw, f, swap, ok);
     if (!f.is_signed) return static_cast<int64_t>(v);
     switch (f.size) {
@@ -85,7 +86,7 @@ inline int64_t read_int(Bytes raw, const TpField& f, bool swap, bool* ok = nullp
 // and the "has a zero byte" bit trick, whose lowest set bit marks the first
 // zero byte exactly (a borrow only runs upwards from a zero byte), instead
 // of a call to strnlen.
-inline size_t field_strnlen(const uint8_t* p, size_t n) {
+[[gnu::always_inline]] inline size_t field_strnlen(const uint8_t* p, size_t n) {
     if constexpr (std::endian::native == std::endian::little) {
         if (n == 16) {
             constexpr uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
@@ -102,7 +103,7 @@ inline size_t field_strnlen(const uint8_t* p, size_t n) {
 std::string_view read_loc_str(Bytes raw, const TpField& f, bool swap, bool* ok);
 
 // A string field up to its first NUL. Inline: two comm fields per sched_switch.
-inline std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
+[[gnu::always_inline]] inline std::string_view read_str(Bytes raw, const TpField& f, bool swap, bool* ok = nullptr) {
     if (f.data_loc || f.rel_loc) [[unlikely]]
         return read_loc_str(raw, f, swap, ok);
     if (f.offset > raw.size() || f.size > raw.size() - f.offset) [[unlikely]] {
