@@ -346,7 +346,6 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
     switch (r.type) {
     case PERF_RECORD_SAMPLE: {
         // One Sample per attr, reused: the same fields are written every time.
-        if (sample_cache_.size() <= static_cast<size_t>(event_index)) sample_cache_.resize(events_.size());
         Sample& s = sample_cache_[static_cast<size_t>(event_index)];
         // The fixed-offset fast path; parse_sample for other layouts, and to
         // report what is wrong with a body too short for its fields.
@@ -358,8 +357,6 @@ void Session::deliver(const RawRecord& r, EventSink& sink) {
             return;
         }
         s.note = r.note;
-        if (stats_.samples_by_event.size() <= static_cast<size_t>(event_index))
-            stats_.samples_by_event.resize(events_.size());
         ++stats_.samples_by_event[static_cast<size_t>(event_index)];
         if (s.has_time) {
             if (!stats_.have_time || s.time < stats_.first_time) stats_.first_time = s.time;

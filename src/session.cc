@@ -52,6 +52,10 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
         throw Error(path(), Error::no_offset,
                     "events place their sample id at different positions; perf cannot read this file either");
     events_.push_back(std::move(ev));
+    // Sized here, not checked per sample (deliver). In pipe mode this runs on
+    // the reader thread while the stages are idle (Session::run).
+    sample_cache_.resize(events_.size());
+    stats_.samples_by_event.resize(events_.size());
 }
 
 void Session::set_tracing(Bytes data, uint64_t offset) {

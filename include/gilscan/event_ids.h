@@ -30,7 +30,7 @@ public:
     // places its id elsewhere than the events before it (perf cannot read
     // such a file either).
     bool add_event(const PerfEventAttr& attr, const std::vector<uint64_t>& ids);
-    size_t events() const { return when_.size(); }
+    size_t events() const { return events_; }
 
     int event_for_id(uint64_t id) const {
         if (id == 0) return 0;  // records perf synthesizes itself carry id 0: perf maps them to the first event
@@ -43,8 +43,8 @@ public:
         return it == by_id_.end() ? -2 : it->second;
     }
     int event_for(const RawRecord& r, bool swap) const {
-        if (when_.size() == 1) return 0;
-        if (when_.empty()) return -1;
+        if (events_ == 1) return 0;
+        if (events_ == 0) return -1;
         const bool sample = r.type == PERF_RECORD_SAMPLE;
         const int index = sample ? layout_.sample_index : layout_.trailer_index;
         if (index < 0) return 0;  // no id in the record: perf uses the first event
@@ -81,6 +81,7 @@ private:
     void rebuild_dense();
     IdLayout layout_;
     std::vector<TimePos> when_;  // by event index
+    size_t events_ = 0;          // when_.size(), kept: two tests per record
     std::unordered_map<uint64_t, int> by_id_;
     // Sample ids of one recording are mostly a small dense range (the kernel
     // hands them out in sequence): looked up in a flat table, not the map.

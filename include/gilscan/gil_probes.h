@@ -105,6 +105,7 @@ private:
     }
     Thread& add_thread(int32_t pid, int32_t tid);
     Process& add_process(int32_t pid);
+    void on_probe(const Sample& s, TpKind k);  // a GIL probe's sample
     void account(Process& p, uint64_t t);  // integrate the process counters up to t
     void set_holder(Process& p, int32_t tid, uint64_t t);
     void waiters_changed(Process& p, uint64_t t);
