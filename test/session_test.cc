@@ -461,6 +461,55 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
     }
 }
 
+TEST_CASE("ordering: rounds overlapping the one before in time, with ties across them, come out as a stable sort") {
+    // A round's records may start before the previous round's last ones (the
+    // CPU buffers are written one after another) though never before what
+    // was released: the queue merges what the previous round left with the
+    // new one, copying the leftover up to the new round's earliest record as
+    // a block. Times are coarse so that many fall on that boundary.
+    for (uint64_t overlap : {uint64_t{0}, uint64_t{1}, uint64_t{30}, uint64_t{99}})
+    for (uint64_t quantum : {uint64_t{1}, uint64_t{10}}) {
+        CAPTURE(overlap);
+        CAPTURE(quantum);
+        ChunkTable chunks;
+        OrderedQueue q(chunks);
+        constexpr uint64_t kRounds = 8, kCpus = 16, kPerCpu = 40, kSpan = 100;
+        const uint64_t n = kRounds * kCpus * kPerCpu;
+        const uint32_t id = chunks.acquire(n * 16, 0, false);
+        chunks.bytes(id).resize(n * 16);
+        std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
+        std::vector<uint64_t> out;
+        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+        uint64_t seed = 4242, k = 0;
+        auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+        for (uint64_t round = 0; round < kRounds; ++round) {
+            const uint64_t lo = round == 0 ? 1000 : 1000 + round * kSpan - overlap;  // never below the last release
+            for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
+                std::vector<uint64_t> times;
+                const uint64_t width = round == 0 ? kSpan : kSpan + overlap;  // round r ends before 1000 + (r + 1) * kSpan
+                for (uint64_t i = 0; i < kPerCpu; ++i) times.push_back((lo + rnd() % width) / quantum * quantum);
+                std::sort(times.begin(), times.end());
+                for (uint64_t t : times) {
+                    push_numbered(q, chunks, id, k, t, deliver);
+                    expect.push_back({t, k});
+                    ++k;
+                }
+            }
+            q.finished_round(deliver);
+            if (round % 2) q.pump(deliver, 7); else q.drain(deliver);
+        }
+        q.flush_all(deliver);
+        std::stable_sort(expect.begin(), expect.end(), [](auto& a, auto& b) { return a.first < b.first; });
+        REQUIRE(out.size() == expect.size());
+        size_t mismatches = 0;
+        for (size_t i = 0; i < out.size(); ++i) mismatches += out[i] != expect[i].second;
+        CHECK(mismatches == 0);
+        CHECK(q.out_of_order() == 0);
+        chunks.release(id);
+        CHECK(chunks.live() == 0);
+    }
+}
+
 TEST_CASE("ordering: ready records pumped a few at a time while the next round is read come out as drained at once") {
     // Rounds of 8 CPU runs with ties, records late for their round (earlier
     // than what the round before released: out of order), and a queue bound

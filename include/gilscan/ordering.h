@@ -233,9 +233,18 @@ private:
         if (head_ == sorted_.size()) {
             sorted_.swap(pending_);  // nothing left over: the round is the queue
         } else {
+            // What is left over is mostly the previous round, and a round
+            // mostly follows the one before it in time: the leftover's
+            // records up to the new round's earliest are copied as a block,
+            // and only the rest is merged (the loop took 20-25 instructions
+            // a record, every record passing through it once).
             merged_.resize(sorted_.size() - head_ + pending_.size());
-            merge(sorted_.data() + head_, sorted_.data() + sorted_.size(), pending_.data(),
-                  pending_.data() + pending_.size(), merged_.data());
+            const Entry* a = sorted_.data() + head_;
+            const Entry* const ae = sorted_.data() + sorted_.size();
+            const Entry* split = std::upper_bound(a, ae, pending_.front().time,
+                                                  [](uint64_t t, const Entry& e) { return t < e.time; });
+            Entry* out = std::copy(a, split, merged_.data());  // ties: the leftover first, as merge() does
+            merge(split, ae, pending_.data(), pending_.data() + pending_.size(), out);
             sorted_.swap(merged_);
         }
         head_ = 0;
