@@ -215,13 +215,14 @@ void Session::run(EventSink& sink) {
                     if (r.type > PERF_RECORD_COMPRESSED2) ++rd.unknown_types;
                     continue;
                 }
-                const int ev = ids.event_for(r, swap);
+                // Its event, and its timestamp: a sample's TIME field, else
+                // the sample_id_all trailer.
+                const uint8_t* tp;
+                const int ev = ids.event_and_time(r, swap, tp);
                 if (ev < 0) {
                     ++rd.unknown_ids;
                     continue;
                 }
-                // Timestamp: a sample's TIME field, else the sample_id_all trailer.
-                const uint8_t* tp = ids.time_of(r, ev);
                 if (!tp) {
                     q.drain(hand);
                     hand(r);  // as perf does for records without a time: delivered at once
