@@ -84,6 +84,47 @@ void push_numbered(OrderedQueue& q, ChunkTable& chunks, uint32_t id, uint64_t k,
     q.push(t, r, deliver);
 }
 
+// Rounds of one sorted run per CPU buffer, times from time(round, random),
+// through an OrderedQueue (ready records drained, or on odd rounds pumped a
+// few at a time): delivered in the order of a stable sort by time, as when no
+// record is late for its round.
+template <class Time>
+void check_rounds(uint64_t cpus, uint64_t rounds, uint64_t per_cpu, uint64_t seed, bool pump_odd_rounds, Time time) {
+    ChunkTable chunks;
+    OrderedQueue q(chunks);
+    const uint64_t n = rounds * cpus * per_cpu;
+    const uint32_t id = chunks.acquire(n * 16, 0, false);
+    chunks.bytes(id).resize(n * 16);
+    std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
+    std::vector<uint64_t> out;
+    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    uint64_t k = 0;
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+    for (uint64_t round = 0; round < rounds; ++round) {
+        for (uint64_t cpu = 0; cpu < cpus; ++cpu) {
+            std::vector<uint64_t> times;
+            for (uint64_t i = 0; i < per_cpu; ++i) times.push_back(time(round, rnd()));
+            std::sort(times.begin(), times.end());  // one sorted run per CPU buffer
+            for (uint64_t t : times) {
+                push_numbered(q, chunks, id, k, t, deliver);
+                expect.push_back({t, k});
+                ++k;
+            }
+        }
+        q.finished_round(deliver);
+        if (pump_odd_rounds && round % 2) q.pump(deliver, 7);
+    }
+    q.flush_all(deliver);
+    std::stable_sort(expect.begin(), expect.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    REQUIRE(out.size() == expect.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < out.size(); ++i) mismatches += out[i] != expect[i].second;
+    CHECK(mismatches == 0);
+    CHECK(q.out_of_order() == 0);
+    chunks.release(id);
+    CHECK(chunks.live() == 0);
+}
+
 }  // namespace
 
 TEST_CASE("synthetic recording: names from EVENT_DESC, fields from the embedded formats") {
@@ -425,39 +466,7 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
                           uint64_t{1} << 40}) {
         CAPTURE(span);
         CAPTURE(kCpus);
-        ChunkTable chunks;
-        OrderedQueue q(chunks);
-        constexpr uint64_t kRounds = 4, kPerCpu = 100;
-        const uint64_t n = kRounds * kCpus * kPerCpu;
-        const uint32_t id = chunks.acquire(n * 16, 0, false);
-        chunks.bytes(id).resize(n * 16);
-        std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
-        std::vector<uint64_t> out;
-        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
-        uint64_t seed = 12345, k = 0;
-        auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
-        for (uint64_t round = 0; round < kRounds; ++round) {
-            for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
-                std::vector<uint64_t> times;
-                for (uint64_t i = 0; i < kPerCpu; ++i) times.push_back(round * span + rnd() % span);
-                std::sort(times.begin(), times.end());  // one sorted run per CPU buffer
-                for (uint64_t t : times) {
-                    push_numbered(q, chunks, id, k, t, deliver);
-                    expect.push_back({t, k});
-                    ++k;
-                }
-            }
-            q.finished_round(deliver);
-        }
-        q.flush_all(deliver);
-        std::stable_sort(expect.begin(), expect.end(), [](auto& a, auto& b) { return a.first < b.first; });
-        REQUIRE(out.size() == expect.size());
-        size_t mismatches = 0;
-        for (size_t i = 0; i < out.size(); ++i) mismatches += out[i] != expect[i].second;
-        CHECK(mismatches == 0);
-        CHECK(q.out_of_order() == 0);
-        chunks.release(id);
-        CHECK(chunks.live() == 0);
+        check_rounds(kCpus, 4, 100, 12345, false, [&](uint64_t round, uint64_t r) { return round * span + r % span; });
     }
 }
 
@@ -471,42 +480,14 @@ TEST_CASE("ordering: rounds overlapping the one before in time, with ties across
     for (uint64_t quantum : {uint64_t{1}, uint64_t{10}}) {
         CAPTURE(overlap);
         CAPTURE(quantum);
-        ChunkTable chunks;
-        OrderedQueue q(chunks);
-        constexpr uint64_t kRounds = 8, kCpus = 16, kPerCpu = 40, kSpan = 100;
-        const uint64_t n = kRounds * kCpus * kPerCpu;
-        const uint32_t id = chunks.acquire(n * 16, 0, false);
-        chunks.bytes(id).resize(n * 16);
-        std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
-        std::vector<uint64_t> out;
-        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
-        uint64_t seed = 4242, k = 0;
-        auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
-        for (uint64_t round = 0; round < kRounds; ++round) {
-            const uint64_t lo = round == 0 ? 1000 : 1000 + round * kSpan - overlap;  // never below the last release
-            for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
-                std::vector<uint64_t> times;
-                const uint64_t width = round == 0 ? kSpan : kSpan + overlap;  // round r ends before 1000 + (r + 1) * kSpan
-                for (uint64_t i = 0; i < kPerCpu; ++i) times.push_back((lo + rnd() % width) / quantum * quantum);
-                std::sort(times.begin(), times.end());
-                for (uint64_t t : times) {
-                    push_numbered(q, chunks, id, k, t, deliver);
-                    expect.push_back({t, k});
-                    ++k;
-                }
-            }
-            q.finished_round(deliver);
-            if (round % 2) q.pump(deliver, 7); else q.drain(deliver);
-        }
-        q.flush_all(deliver);
-        std::stable_sort(expect.begin(), expect.end(), [](auto& a, auto& b) { return a.first < b.first; });
-        REQUIRE(out.size() == expect.size());
-        size_t mismatches = 0;
-        for (size_t i = 0; i < out.size(); ++i) mismatches += out[i] != expect[i].second;
-        CHECK(mismatches == 0);
-        CHECK(q.out_of_order() == 0);
-        chunks.release(id);
-        CHECK(chunks.live() == 0);
+        constexpr uint64_t kSpan = 100;
+        check_rounds(16, 8, 40, 4242, true, [&](uint64_t round, uint64_t r) {
+            // Round r ends before 1000 + (r + 1) * kSpan, and the next but one
+            // starts after it: never below the last release.
+            const uint64_t lo = round == 0 ? 1000 : 1000 + round * kSpan - overlap;
+            const uint64_t width = round == 0 ? kSpan : kSpan + overlap;
+            return (lo + r % width) / quantum * quantum;
+        });
     }
 }
 
