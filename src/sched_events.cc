@@ -140,6 +140,14 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
         f.g = fmt->field("next_prio");
         if (need({f.a, f.b, f.c})) f.kind = TpKind::SchedSwitch;
         f.states = PrevStateTable::from_print_fmt(fmt->print_fmt);
+        if (f.kind == TpKind::SchedSwitch) {
+            auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
+            auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
+            f.fixed_switch = int_ok(f.a) && int_ok(f.b) && int_ok(f.c) && int_ok(f.f) && int_ok(f.g) && plain(f.d) &&
+                             plain(f.e);
+            for (const TpField* x : {f.a, f.b, f.c, f.d, f.e, f.f, f.g})
+                if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
+        }
     } else if (n == "sched:sched_waking" || n == "sched:sched_wakeup" || n == "sched:sched_wakeup_new") {
         f.a = fmt->field("pid");
         f.b = fmt->field("target_cpu");
@@ -181,9 +189,34 @@ const PrevState& TracepointDecoder::prev_state(const EventInfo& ev, int64_t v) {
     return **slot;
 }
 
+namespace {
+// An int field of 4 or 8 bytes, inside raw (checked by the caller): as read_int.
+[[gnu::always_inline]] inline int64_t int_at(const uint8_t* raw, const TpField& x, bool swap) {
+    const uint8_t* p = raw + x.offset;
+    if (x.size == 8) return static_cast<int64_t>(load<uint64_t>(p, swap));
+    const uint32_t v = load<uint32_t>(p, swap);
+    return x.is_signed ? static_cast<int64_t>(static_cast<int32_t>(v)) : static_cast<int64_t>(v);
+}
+[[gnu::always_inline]] inline std::string_view str_at(const uint8_t* raw, const TpField& x) {
+    const uint8_t* p = raw + x.offset;
+    return std::string_view(reinterpret_cast<const char*>(p), field_strnlen(p, x.size));
+}
+}  // namespace
+
 bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& o) {
     Fields& f = fields(ev);
     if (f.kind != TpKind::SchedSwitch) return false;
+    if (f.fixed_switch && s.raw.size() >= f.fixed_end) [[likely]] {
+        const uint8_t* p = s.raw.data();
+        o.prev_pid = static_cast<int32_t>(int_at(p, *f.a, swap));
+        o.next_pid = static_cast<int32_t>(int_at(p, *f.b, swap));
+        o.prev_state = int_at(p, *f.c, swap);
+        if (f.d) o.prev_comm = str_at(p, *f.d);
+        if (f.e) o.next_comm = str_at(p, *f.e);
+        if (f.f) o.prev_prio = static_cast<int32_t>(int_at(p, *f.f, swap));
+        if (f.g) o.next_prio = static_cast<int32_t>(int_at(p, *f.g, swap));
+        return true;
+    }
     bool ok = true;
     o.prev_pid = static_cast<int32_t>(read_int(s.raw, *f.a, swap, &ok));
     o.next_pid = static_cast<int32_t>(read_int(s.raw, *f.b, swap, &ok));

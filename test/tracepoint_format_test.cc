@@ -126,3 +126,66 @@ TEST_CASE("fixed char[N] strings end at their first NUL, whatever the bytes arou
     }
     CHECK(checked == 200u * (17 + 9 + 16 + 18 + 33));
 }
+
+TEST_CASE("sched_switch decodes at fixed offsets as field by field: int sizes, signedness, byte orders, short and __data_loc records") {
+    // The decoder reads a sched_switch whose fields all sit at fixed places
+    // with one length test; anything else (a short record, a __data_loc
+    // comm) field by field. Both against read_int / read_str on the same bytes.
+    const TpFormat standard = parse_tracepoint_format("sched", test::kSchedSwitchFormat);
+    auto variant = [&](auto change) {
+        TpFormat f = standard;
+        for (auto& x : f.fields) change(x);
+        return f;
+    };
+    std::vector<TpFormat> formats = {
+        standard,
+        variant([](TpField& x) { if (x.name == "prev_state") { x.size = 4; x.is_signed = false; } }),
+        variant([](TpField& x) { if (x.name == "prev_pid" || x.name == "next_pid") x.is_signed = false; }),
+        variant([](TpField& x) { if (x.name == "next_comm") { x.data_loc = true; x.size = 4; } }),  // field by field
+        variant([](TpField& x) { if (x.name == "prev_prio") x.size = 2; }),                          // field by field
+    };
+    size_t fast = 0, checked = 0;
+    uint64_t seed = 3;
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
+    for (const TpFormat& fmt : formats)
+    for (const bool swap : {false, true}) {
+        EventInfo ev;
+        ev.format = &fmt;
+        ev.name = "sched:sched_switch";
+        TracepointDecoder dec;
+        const auto* a = fmt.field("prev_pid");
+        const auto* b = fmt.field("next_pid");
+        const auto* c = fmt.field("prev_state");
+        const auto* d = fmt.field("prev_comm");
+        const auto* e = fmt.field("next_comm");
+        const auto* pf = fmt.field("prev_prio");
+        const auto* g = fmt.field("next_prio");
+        for (int i = 0; i < 3000; ++i) {
+            std::vector<uint8_t> raw(i % 10 == 0 ? rnd() % 64 : 64 + rnd() % 8);  // some too short
+            for (auto& x : raw) x = rnd() % 3 ? rnd() : 0;
+            Sample s;
+            s.raw = Bytes(raw.data(), raw.size());
+            SchedSwitch got, want;
+            bool ok = true;
+            want.prev_pid = static_cast<int32_t>(read_int(s.raw, *a, swap, &ok));
+            want.next_pid = static_cast<int32_t>(read_int(s.raw, *b, swap, &ok));
+            want.prev_state = read_int(s.raw, *c, swap, &ok);
+            want.prev_comm = read_str(s.raw, *d, swap);
+            want.next_comm = read_str(s.raw, *e, swap);
+            want.prev_prio = static_cast<int32_t>(read_int(s.raw, *pf, swap));
+            want.next_prio = static_cast<int32_t>(read_int(s.raw, *g, swap));
+            REQUIRE(dec.decode(s, ev, swap, got) == ok);
+            CHECK(got.prev_pid == want.prev_pid);
+            CHECK(got.next_pid == want.next_pid);
+            CHECK(got.prev_state == want.prev_state);
+            CHECK(got.prev_comm == want.prev_comm);
+            CHECK(got.next_comm == want.next_comm);
+            CHECK(got.prev_prio == want.prev_prio);
+            CHECK(got.next_prio == want.next_prio);
+            fast += ok && &fmt != &formats[3] && &fmt != &formats[4];
+            ++checked;
+        }
+    }
+    CHECK(checked == 5u * 2 * 3000);
+    CHECK(fast > 4000);
+}
