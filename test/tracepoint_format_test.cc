@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <tuple>
+
 #include "gilscan/sched_events.h"
 #include "gilscan/tracepoint_format.h"
 #include "perf_writer.h"
@@ -175,13 +177,10 @@ TEST_CASE("sched_switch decodes at fixed offsets as field by field: int sizes, s
             want.prev_prio = static_cast<int32_t>(read_int(s.raw, *pf, swap));
             want.next_prio = static_cast<int32_t>(read_int(s.raw, *g, swap));
             REQUIRE(dec.decode(s, ev, swap, got) == ok);
-            CHECK(got.prev_pid == want.prev_pid);
-            CHECK(got.next_pid == want.next_pid);
-            CHECK(got.prev_state == want.prev_state);
-            CHECK(got.prev_comm == want.prev_comm);
-            CHECK(got.next_comm == want.next_comm);
-            CHECK(got.prev_prio == want.prev_prio);
-            CHECK(got.next_prio == want.next_prio);
+            auto all = [](const SchedSwitch& x) {
+                return std::tuple(x.prev_pid, x.next_pid, x.prev_state, x.prev_comm, x.next_comm, x.prev_prio, x.next_prio);
+            };
+            CHECK(all(got) == all(want));
             fast += ok && &fmt != &formats[3] && &fmt != &formats[4];
             ++checked;
         }
