@@ -23,13 +23,11 @@ namespace {
 }
 
 // Non-zero when one of the 8 bytes of x needs escaping in a JSON string: a
-// control character (< 0x20), non-ASCII (>= 0x80), '"' or '\\'. The "any
-// byte below n" and "any byte zero" tests of the bit hacks collection
-// (exact as a yes/no answer; the bit that says yes may be off).
+// control character (< 0x20), non-ASCII (>= 0x80), '"' or '\\' (cursor.h's
+// byte-parallel tests: exact as a yes/no answer).
 [[gnu::always_inline]] inline uint64_t json_bad_bytes(uint64_t x) {
-    constexpr uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
-    auto any_zero = [](uint64_t v) { return (v - ones) & ~v & high; };
-    return (x & high) | ((x - ones * 0x20) & ~x & high) | any_zero(x ^ (ones * '"')) | any_zero(x ^ (ones * '\\'));
+    return (x & kByteHighs) | bytes_below(x, 0x20) | zero_bytes(x ^ (kByteOnes * '"')) |
+           zero_bytes(x ^ (kByteOnes * '\\'));
 }
 
 // Whether s goes into a JSON string as it is: 8 bytes at a time (the last

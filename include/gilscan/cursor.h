@@ -57,6 +57,15 @@ inline T load(const uint8_t* p, bool swap) {
     return swap ? byteswap_int(v) : v;
 }
 
+// Byte-parallel tests on a word (the bit hacks collection): for each byte,
+// the high bit set when the byte is zero, or below n (n <= 0x80). Exact as a
+// yes/no answer for the word; of the bits set, the lowest (the first byte in
+// memory when the word was loaded little-endian) marks a byte that is, since
+// a borrow runs only upwards from one.
+inline constexpr uint64_t kByteOnes = 0x0101010101010101ull, kByteHighs = 0x8080808080808080ull;
+[[gnu::always_inline]] inline uint64_t zero_bytes(uint64_t v) { return (v - kByteOnes) & ~v & kByteHighs; }
+[[gnu::always_inline]] inline uint64_t bytes_below(uint64_t v, uint8_t n) { return (v - kByteOnes * n) & ~v & kByteHighs; }
+
 class Cursor {
 public:
     Cursor() = default;

@@ -83,16 +83,14 @@ TpFormat parse_tracepoint_format(std::string_view system, std::string_view text)
 
 // Length of the NUL-terminated string in the n bytes at p (n when none).
 // comm fields are char[16] (TASK_COMM_LEN), two per sched_switch: two words
-// and the "has a zero byte" bit trick, whose lowest set bit marks the first
-// zero byte exactly (a borrow only runs upwards from a zero byte), instead
-// of a call to strnlen.
+// and cursor.h's zero_bytes(), whose lowest set bit marks the first zero
+// byte, instead of a call to strnlen.
 [[gnu::always_inline]] inline size_t field_strnlen(const uint8_t* p, size_t n) {
     if constexpr (std::endian::native == std::endian::little) {
         if (n == 16) {
-            constexpr uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
-            const uint64_t a = load<uint64_t>(p, false), b = load<uint64_t>(p + 8, false);
-            if (const uint64_t m = (a - ones) & ~a & high) return static_cast<size_t>(__builtin_ctzll(m)) / 8;
-            if (const uint64_t m = (b - ones) & ~b & high) return 8 + static_cast<size_t>(__builtin_ctzll(m)) / 8;
+            if (const uint64_t m = zero_bytes(load<uint64_t>(p, false))) return static_cast<size_t>(__builtin_ctzll(m)) / 8;
+            if (const uint64_t m = zero_bytes(load<uint64_t>(p + 8, false)))
+                return 8 + static_cast<size_t>(__builtin_ctzll(m)) / 8;
             return 16;
         }
     }
