@@ -25,7 +25,6 @@ bool EventIds::add_event(const PerfEventAttr& attr, const std::vector<uint64_t>&
     }
     const int ev = static_cast<int>(when_.size());
     when_.push_back(when);
-    sample_time_word_.push_back(when.sample_time_index);
     events_ = when_.size();
     for (uint64_t id : ids) by_id_[id] = ev;
     rebuild_dense();

@@ -67,8 +67,8 @@ public:
     }
     // event_for() and time_of() in one: the reader's lookup, once per record.
     // Samples, nearly every record, find their id and TIME at fixed words
-    // (one test of the body's length for both, the time's word in a table of
-    // its own); other records go the general way.
+    // (one test of the body's length for both); other records go the
+    // general way.
     int event_and_time(const RawRecord& r, bool swap, const uint8_t*& time) const {
         if (r.type == PERF_RECORD_SAMPLE && events_ > 1 && layout_.sample_index >= 0) {
             const size_t words = r.body.size() / 8;
@@ -77,7 +77,7 @@ public:
             if (words <= idx) return -2;
             const int ev = event_for_id(load<uint64_t>(r.body.data() + idx * 8, swap));
             if (ev < 0) return ev;
-            const int32_t tw = sample_time_word_[static_cast<size_t>(ev)];
+            const int tw = when_[static_cast<size_t>(ev)].sample_time_index;
             if (tw >= 0 && static_cast<size_t>(tw) < words) time = r.body.data() + static_cast<size_t>(tw) * 8;
             return ev;
         }
@@ -101,8 +101,7 @@ private:
     void rebuild_dense();
     IdLayout layout_;
     std::vector<TimePos> when_;  // by event index
-    size_t events_ = 0;          // when_.size(), kept: two tests per record
-    std::vector<int32_t> sample_time_word_;  // when_[ev].sample_time_index, 4 bytes apart
+    size_t events_ = 0;          // when_.size(): tested per record, where size() divides by 12
     std::unordered_map<uint64_t, int> by_id_;
     // Sample ids of one recording are mostly a small dense range (the kernel
     // hands them out in sequence): looked up in a flat table, not the map.
