@@ -153,20 +153,6 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
             writer_.span(s);
             break;
         }
-        case Op::Complete: {
-            const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
-            const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
-            const std::string_view name = u.str(), cat = u.str(), args = u.str();
-            writer_.complete(pid, tid, name, cat, start, stop, args);
-            break;
-        }
-        case Op::Counter: {
-            const auto pid = u.get<int32_t>();
-            const auto ts = u.get<uint64_t>();
-            const std::string_view name = u.str(), args = u.str();
-            writer_.counter(pid, name, ts, args);
-            break;
-        }
         case Op::GilWait:
         case Op::GilLock: {
             const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
@@ -212,15 +198,6 @@ void TraceRelay::span(const Span& s) {
                                             (s.preempted ? kPreempted : 0));
     append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
            s.state, s.evidence, s.stack_json);
-}
-
-void TraceRelay::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                          uint64_t end_ns, std::string_view args_json) {
-    if (filter_.wanted(pid)) append(Op::Complete, pid, tid, start_ns, end_ns, name, cat, args_json);
-}
-
-void TraceRelay::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (filter_.wanted(pid)) append(Op::Counter, pid, ts_ns, name, args_json);
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {

@@ -217,38 +217,6 @@ void TraceWriter::span(const Span& s) {
     end(p);
 }
 
-void TraceWriter::complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                           uint64_t end_ns, std::string_view args_json) {
-    if (!filter_.wanted(pid)) return;
-    char* p = begin(kFixed + str_bound(name) + str_bound(cat) + args_json.size());
-    p = put(p, "{\"ph\":\"X\",\"cat\":");
-    p = put_str(p, cat);
-    p = put(p, ",\"name\":");
-    p = put_str(p, name);
-    p = put_track(p, pid, tid);
-    p = put_interval(p, start_ns, end_ns);
-    if (!args_json.empty()) {
-        p = put(p, ",\"args\":");
-        p = put(p, args_json);
-    }
-    p = put(p, "}");
-    end(p);
-}
-
-void TraceWriter::counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) {
-    if (!filter_.wanted(pid)) return;
-    char* p = begin(kFixed + str_bound(name) + args_json.size());
-    p = put(p, "{\"ph\":\"C\",\"name\":");
-    p = put_str(p, name);
-    p = put_pid(p, pid);
-    p = put(p, ",\"ts\":");
-    p = put_ts(p, ts_ns);
-    p = put(p, ",\"args\":");
-    p = put(p, args_json);
-    p = put(p, "}");
-    end(p);
-}
-
 void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
     if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed);

@@ -27,8 +27,8 @@ namespace {
 
 // A deterministic mix of everything the stages hand over: spans of every
 // kind and flag, strings that need escaping, an evidence text and a stack
-// larger than a whole block, complete events with and without args,
-// counters, track names of every length up to 40; pids inside and outside a
+// larger than a whole block, GIL wait/hold spans (cut or not), holder spans,
+// waiter counters, track names of every length up to 40; pids inside and outside a
 // --pid filter.
 void emit(TraceSink& sink, int n, uint64_t seed = 7) {
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
@@ -43,7 +43,7 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
         const int32_t tid = pid * 10 + static_cast<int32_t>(rnd() % 7);
         ts += rnd() % 50'000;
         const uint64_t dur = rnd() % 2'000'000;
-        switch (rnd() % 8) {
+        switch (rnd() % 6) {
         case 0:
         case 1: {
             Span s;
@@ -65,17 +65,13 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             sink.span(s);
             break;
         }
+        // The GIL tracker's events.
         case 2:
-            sink.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur, rnd() % 4 ? "" : "{\"cut_at_end\":true}");
-            break;
-        case 3: sink.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(rnd() % 9) + "}"); break;
-        // The GIL tracker's typed events.
-        case 4:
             sink.gil_span(pid, tid, rnd() % 2 ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, ts + dur,
                           rnd() % 4 == 0);
             break;
-        case 5: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;
-        case 6: sink.gil_waiters(pid, ts, static_cast<uint32_t>(rnd() % 9)); break;
+        case 3: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;
+        case 4: sink.gil_waiters(pid, ts, static_cast<uint32_t>(rnd() % 9)); break;
         default: {
             // Names of every length from 0 to 40 (the relay copies short strings its own way).
             static const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
@@ -218,8 +214,8 @@ TEST_CASE("TraceRelay: the writer and the relay take whole cache lines, and the 
     CHECK(reinterpret_cast<uintptr_t>(writer.get()) % 128 == 0);
     CHECK(reinterpret_cast<uintptr_t>(relay.get()) % 128 == 0);
     // Filtering goes by the relay's copy: an event of another pid is not handed over.
-    relay->counter(8, "GIL waiters", 1000, "{\"waiting\":1}");
-    relay->counter(7, "GIL waiters", 2000, "{\"waiting\":2}");
+    relay->gil_waiters(8, 1000, 1);
+    relay->gil_waiters(7, 2000, 2);
     relay->close();
     CHECK(writer->events_written() == 1);
     writer->finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});

@@ -17,6 +17,26 @@
 
 using namespace gilscan;
 
+namespace {
+
+// The trace file's event lines, one per line after the opening one, against
+// the expected text.
+void check_event_lines(const std::string& path, const std::vector<std::string>& expect) {
+    std::ifstream in(path);
+    std::string l;
+    std::getline(in, l);
+    REQUIRE(l == "{\"traceEvents\":[");
+    size_t mismatches = 0, n = 0;
+    for (; n < expect.size() && std::getline(in, l); ++n) {
+        if (!l.empty() && l.back() == ',') l.pop_back();
+        if (l != expect[n] && mismatches++ < 3) CHECK(l == expect[n]);
+    }
+    CHECK(n == expect.size());
+    CHECK(mismatches == 0);
+}
+
+}  // namespace
+
 TEST_CASE("append_json_string escapes what JSON needs and keeps the rest") {
     std::string out = "x";
     append_json_string(out, "plain take_gil+0x1f (libpython3.11.so)");
@@ -110,11 +130,11 @@ TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting
                 return std::string(b);
             };
             if (i % 3 == 0) {
-                tw.counter(pid, "GIL waiters", ts, "{\"waiting\":1}");
+                tw.gil_waiters(pid, ts, 1);
                 std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":1}}",
                               pid, us(ts).c_str());
             } else if (i % 3 == 1) {
-                tw.complete(pid, tid, "GIL wait", "GIL state", ts, ts + dur);
+                tw.gil_span(pid, tid, TraceSink::GilSpan::Wait, ts, ts + dur, false);
                 std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"GIL state\",\"name\":\"GIL wait\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s}",
                               pid, tid, us(ts).c_str(), us(dur).c_str());
             } else {
@@ -135,76 +155,73 @@ TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting
         tw.finish({}, {});
         out.commit();
     }
-    std::ifstream in(path);
-    std::string l;
-    std::getline(in, l);
-    REQUIRE(l == "{\"traceEvents\":[");
-    size_t mismatches = 0, n = 0;
-    for (; n < expect.size() && std::getline(in, l); ++n) {
-        if (!l.empty() && l.back() == ',') l.pop_back();
-        if (l != expect[n] && mismatches++ < 3) CHECK(l == expect[n]);
-    }
-    CHECK(n == expect.size());
-    CHECK(mismatches == 0);
+    check_event_lines(path, expect);
 }
 
-TEST_CASE("TraceWriter: the GIL tracker's typed events are the text complete() and counter() write") {
-    // Each typed event against the generic call with the strings the GIL
-    // tracker used to build, in two writers side by side: every byte the
-    // same, through the track and timestamp caches, negative and extreme
-    // ids, zero and reversed intervals, with a --pid filter too.
+TEST_CASE("TraceWriter: the GIL tracker's typed events, line by line against printf") {
+    // Each typed event against its line formatted independently: through the
+    // track and timestamp caches, negative and extreme ids, zero and reversed
+    // intervals, with a --pid filter too.
     for (const bool filtered : {false, true}) {
         test::TempDir dir("gilscan-trace-writer-gil");
-        const std::string typed_path = (dir.path / "typed.json").string(), plain_path = (dir.path / "plain.json").string();
+        const std::string path = (dir.path / "typed.json").string();
         TraceOptions opt;
         if (filtered) opt.pids = {7, -1, 2147483647};
-        size_t events = 0;
+        std::vector<std::string> expect;
         {
-            OutputFile typed_out(typed_path, false), plain_out(plain_path, false);
-            TraceWriter typed(typed_out, opt), plain(plain_out, opt);
+            OutputFile out(path, false);
+            TraceWriter tw(out, opt);
             uint64_t seed = 5;
             auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
             const int32_t ids[] = {7, 8, -1, 0, 1, 2147483647, -2147483647 - 1, 4194303, 123456};
+            const auto us = [](uint64_t ns) {
+                char b[40];
+                std::snprintf(b, sizeof b, "%llu.%03llu", static_cast<unsigned long long>(ns / 1000),
+                              static_cast<unsigned long long>(ns % 1000));
+                return std::string(b);
+            };
             uint64_t ts = 999'999;
+            char line[320];
             for (int i = 0; i < 30000; ++i) {
                 const int32_t pid = ids[rnd() % 9], tid = ids[rnd() % 9];
                 ts = i == 15000 ? ~uint64_t{0} / 4 : ts + rnd() % 4'000'000;
                 const uint64_t end = rnd() % 17 == 0 ? ts - rnd() % 1000 : ts + rnd() % 50'000'000;  // reversed: dur 0
+                const std::string interval = ",\"ts\":" + us(ts) + ",\"dur\":" + us(end >= ts ? end - ts : 0);
                 switch (rnd() % 4) {
                 case 0:
                 case 1: {
                     const bool wait = rnd() % 2, cut = rnd() % 5 == 0;
-                    typed.gil_span(pid, tid, wait ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, end, cut);
-                    plain.complete(pid, tid, wait ? "GIL wait" : "LOCK", "GIL state", ts, end, cut ? "{\"cut_at_end\":true}" : "");
+                    tw.gil_span(pid, tid, wait ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, end, cut);
+                    std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"GIL state\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d%s%s}",
+                                  wait ? "GIL wait" : "LOCK", pid, tid, interval.c_str(), cut ? ",\"args\":{\"cut_at_end\":true}" : "");
                     break;
                 }
                 case 2: {
                     const int32_t holder = ids[rnd() % 9];
-                    typed.gil_holder(pid, tid, holder, ts, end);
-                    plain.complete(pid, tid, "GIL held by " + std::to_string(holder), "GIL holder", ts, end,
-                                   "{\"holder\":" + std::to_string(holder) + "}");
+                    tw.gil_holder(pid, tid, holder, ts, end);
+                    std::snprintf(line, sizeof line,
+                                  "{\"ph\":\"X\",\"cat\":\"GIL holder\",\"name\":\"GIL held by %d\",\"pid\":%d,\"tid\":%d%s,\"args\":{\"holder\":%d}}",
+                                  holder, pid, tid, interval.c_str(), holder);
                     break;
                 }
                 default: {
                     const uint32_t waiting = rnd() % 3 == 0 ? ~0u - static_cast<uint32_t>(rnd() % 3) : static_cast<uint32_t>(rnd() % 40);
-                    typed.gil_waiters(pid, ts, waiting);
-                    plain.counter(pid, "GIL waiters", ts, "{\"waiting\":" + std::to_string(waiting) + "}");
+                    tw.gil_waiters(pid, ts, waiting);
+                    std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":%u}}",
+                                  pid, us(ts).c_str(), waiting);
                     break;
                 }
                 }
+                if (opt.pids.empty() || opt.pids.count(pid)) expect.push_back(line);
             }
-            events = typed.events_written();
-            CHECK(events == plain.events_written());
-            typed.finish({}, {});
-            plain.finish({}, {});
-            typed_out.commit();
-            plain_out.commit();
+            CHECK(tw.events_written() == expect.size());
+            tw.finish({}, {});
+            out.commit();
         }
-        const std::string typed = test::slurp(typed_path), plain = test::slurp(plain_path);
-        CHECK(events > (filtered ? 5000u : 29000u));
-        CHECK(typed.size() == plain.size());
-        CHECK(typed == plain);
-        CHECK(typed.find("GIL held by -2147483648") != std::string::npos);
-        CHECK(typed.find("\"waiting\":4294967295}") != std::string::npos);
+        check_event_lines(path, expect);
+        CHECK(expect.size() > (filtered ? 5000u : 29000u));
+        const std::string text = test::slurp(path);
+        CHECK(text.find("GIL held by -2147483648") != std::string::npos);
+        CHECK(text.find("\"waiting\":4294967295}") != std::string::npos);
     }
 }

@@ -47,9 +47,6 @@ public:
     explicit TraceRelay(TraceWriter& writer);
 
     void span(const Span& s) override;
-    void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                  uint64_t end_ns, std::string_view args_json = {}) override;
-    void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
@@ -73,7 +70,7 @@ public:
     uint64_t blocks_formatted_by_producer() const { return by_producer_.load(std::memory_order_relaxed); }
 
 private:
-    enum class Op : uint8_t { Span, Complete, Counter, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
+    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
     template <class... F>
     void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
     char* room(size_t n);  // n bytes at the end of the current block

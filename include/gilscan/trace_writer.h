@@ -65,21 +65,16 @@ struct TraceMeta {
 // reader thread while it would wait.
 class TraceSink : public SpanSink {
 public:
-    // Generic complete event on another track (e.g. GIL spans of later stages).
-    virtual void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                          uint64_t end_ns, std::string_view args_json = {}) = 0;
-    // Counter track ("ph":"C"), e.g. the number of threads waiting for the GIL.
-    virtual void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) = 0;
     // Names an extra track (e.g. the per-process "GIL holder" track).
     virtual void name_thread(int32_t pid, int32_t tid, std::string_view name) = 0;
 
-    // The GIL tracker's events, typed: the same text as complete() and
-    // counter() with the strings below, without building, handing over and
-    // checking those strings for every event (they are most of a uprobe
-    // capture's trace: a third of its events are counters, a third GIL spans).
-    //   gil_span:    "GIL wait" or "LOCK", cat "GIL state", args {"cut_at_end":true} when cut
-    //   gil_holder:  "GIL held by H" on the track (pid, track_tid), cat "GIL holder", args {"holder":H}
-    //   gil_waiters: counter "GIL waiters", args {"waiting":N}
+    // The GIL tracker's events, typed rather than as names and args built
+    // per event (they are most of a uprobe capture's trace: a third of its
+    // events are counters, a third GIL spans; as strings they were built,
+    // copied into the relay and checked for escaping, event by event):
+    //   gil_span:    "ph":"X", cat "GIL state", "GIL wait" or "LOCK", args {"cut_at_end":true} when cut
+    //   gil_holder:  "ph":"X" on the track (pid, track_tid), cat "GIL holder", "GIL held by H", args {"holder":H}
+    //   gil_waiters: "ph":"C", "GIL waiters", args {"waiting":N}
     enum class GilSpan : uint8_t { Wait, Lock };
     virtual void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) = 0;
     virtual void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) = 0;
@@ -92,9 +87,6 @@ class alignas(128) TraceWriter final : public TraceSink {
 public:
     TraceWriter(OutputFile& out, TraceOptions opt);
     void span(const Span& s) override;
-    void complete(int32_t pid, int32_t tid, std::string_view name, std::string_view cat, uint64_t start_ns,
-                  uint64_t end_ns, std::string_view args_json = {}) override;
-    void counter(int32_t pid, std::string_view name, uint64_t ts_ns, std::string_view args_json) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
