@@ -41,6 +41,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     if (!opt.output.empty()) trace_out = std::make_unique<OutputFile>(opt.output, !one_thread);
     struct NullSink : SpanSink {
         void span(const Span&) override {}
+        bool wants_spans() const override { return false; }
     } null_sink;
     std::unique_ptr<TraceWriter> trace;
     if (trace_out) trace = std::make_unique<TraceWriter>(*trace_out, opt.trace);

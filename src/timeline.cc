@@ -14,7 +14,8 @@ std::string_view span_kind_name(SpanKind k) {
     return "unknown";
 }
 
-Timeline::Timeline(const Session& session, SpanSink& sink) : session_(session), sink_(sink) {}
+Timeline::Timeline(const Session& session, SpanSink& sink)
+    : session_(session), sink_(sink), spans_wanted_(sink.wants_spans()) {}
 
 __attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
     Thread& th = all_.emplace_back();
@@ -54,6 +55,63 @@ void Timeline::own_event(Thread& th, uint64_t t, bool proves_monitored) {
 void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     if (!th.st.monitored) return;  // another process's task in a per-process recording
     if (end < start) end = start;  // cross-CPU clock jitter: never negative
+    const uint64_t d = end - start;
+    // The thread's figures first; the span itself only for a sink that
+    // wants spans (a summary-only run's sink does not: building and handing
+    // on a span it drops was a sixth of the timeline's instructions).
+    std::string_view name;
+    switch (th.state) {
+    case SpanKind::Running:
+        name = "R";
+        th.st.running_ns += d;
+        break;
+    case SpanKind::Runnable:
+        name = "R+";
+        th.st.runnable_ns += d;
+        break;
+    case SpanKind::Sleep:
+        if (th.label.ticket >= 0 && resolver_) {
+            // Being unwound on a worker: counted and written once it is known.
+            Span s = span_of(th, start, end, cut);
+            s.name = "S";
+            output(s, th.label.ticket, &th.st);
+            return;
+        }
+        name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
+        th.st.sleep_ns += d;
+        ++th.st.sleep_count;
+        if (th.label.gil) {
+            th.st.gil_sleep_ns += d;
+            ++th.st.gil_sleep_count;
+        }
+        break;
+    case SpanKind::DiskSleep:
+        name = "D";
+        th.st.disk_ns += d;
+        ++th.st.disk_count;
+        break;
+    case SpanKind::Other:
+        name = th.state_letters;
+        th.st.other_ns += d;
+        break;
+    case SpanKind::Unknown:
+        name = "unknown";
+        th.st.unknown_ns += d;
+        break;
+    }
+    if (!spans_wanted_) return;
+    Span s = span_of(th, start, end, cut);
+    s.name = name;
+    if (th.state == SpanKind::Sleep) {
+        s.evidence = th.label.evidence;
+        s.stack_json = th.label.stack_json;
+    } else if (th.state == SpanKind::DiskSleep) {
+        s.evidence = th.label.evidence;
+    }
+    output(s, -1, nullptr);
+}
+
+Span Timeline::span_of(const Thread& th, uint64_t start, uint64_t end, bool cut) const {
     Span s;
     s.tgid = th.st.tgid > 0 ? th.st.tgid : th.st.tid;
     s.tid = th.st.tid;
@@ -66,49 +124,7 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     s.preempted = th.preempted;
     s.woken_before_switch = th.woken_before_switch;
     s.state = th.state_letters;
-    const uint64_t d = end - start;
-    switch (th.state) {
-    case SpanKind::Running:
-        s.name = "R";
-        th.st.running_ns += d;
-        break;
-    case SpanKind::Runnable:
-        s.name = "R+";
-        th.st.runnable_ns += d;
-        break;
-    case SpanKind::Sleep:
-        if (th.label.ticket >= 0 && resolver_) {
-            // Being unwound on a worker: counted and written once it is known.
-            s.name = "S";
-            output(s, th.label.ticket, &th.st);
-            return;
-        }
-        s.name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
-        s.evidence = th.label.evidence;
-        s.stack_json = th.label.stack_json;
-        th.st.sleep_ns += d;
-        ++th.st.sleep_count;
-        if (th.label.gil) {
-            th.st.gil_sleep_ns += d;
-            ++th.st.gil_sleep_count;
-        }
-        break;
-    case SpanKind::DiskSleep:
-        s.name = "D";
-        s.evidence = th.label.evidence;
-        th.st.disk_ns += d;
-        ++th.st.disk_count;
-        break;
-    case SpanKind::Other:
-        s.name = th.state_letters;
-        th.st.other_ns += d;
-        break;
-    case SpanKind::Unknown:
-        s.name = "unknown";
-        th.st.unknown_ns += d;
-        break;
-    }
-    output(s, -1, nullptr);
+    return s;
 }
 
 void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {

@@ -240,3 +240,56 @@ TEST_CASE("IdMap against std::map: random sets and erases, probe runs that wrap,
         CHECK(seen == ref);
     }
 }
+
+TEST_CASE("a sink that wants no spans gets none, and every thread's figures are the same as with spans") {
+    // A summary-only run: the timeline skips building spans nobody reads.
+    struct NoSpans : SpanSink {
+        int calls = 0;
+        void span(const Span&) override { ++calls; }
+        bool wants_spans() const override { return false; }
+    };
+    // gil_combined: scheduler events and GIL probes (GIL sleeps); plain, lost:
+    // scheduler events only, lost has LOST records (unknown spans).
+    for (std::string name : {"gil_combined", "plain", "lost"}) {
+        CAPTURE(name);
+        const std::string path = std::string(GILSCAN_TESTDATA) + "/" + name + ".data";
+        std::vector<std::vector<ThreadStats>> runs;
+        size_t spans = 0;
+        for (bool want : {true, false}) {
+            Session s(path);
+            Collect collect;
+            NoSpans none;
+            GilTracker gil(nullptr);
+            Timeline tl(s, want ? static_cast<SpanSink&>(collect) : none);
+            tl.set_classifier(gil_probe_classifier(gil));
+            FanOut stages({&gil, &tl});
+            s.run(stages);
+            tl.finish(s.stats().last_time);
+            runs.emplace_back();
+            for (const ThreadStats* t : tl.threads()) runs.back().push_back(*t);
+            if (want) spans = collect.spans.size();
+            else CHECK(none.calls == 0);
+        }
+        CHECK(spans > 100);
+        REQUIRE(runs[0].size() == runs[1].size());
+        uint64_t gil_sleeps = 0;
+        for (size_t i = 0; i < runs[0].size(); ++i) {
+            const ThreadStats &a = runs[0][i], &b = runs[1][i];
+            CAPTURE(a.tid);
+            CHECK(a.tid == b.tid);
+            CHECK(a.tgid == b.tgid);
+            CHECK(a.running_ns == b.running_ns);
+            CHECK(a.runnable_ns == b.runnable_ns);
+            CHECK(a.sleep_ns == b.sleep_ns);
+            CHECK(a.sleep_count == b.sleep_count);
+            CHECK(a.disk_ns == b.disk_ns);
+            CHECK(a.disk_count == b.disk_count);
+            CHECK(a.other_ns == b.other_ns);
+            CHECK(a.unknown_ns == b.unknown_ns);
+            CHECK(a.gil_sleep_ns == b.gil_sleep_ns);
+            CHECK(a.gil_sleep_count == b.gil_sleep_count);
+            gil_sleeps += a.gil_sleep_count;
+        }
+        if (name == "gil_combined") CHECK(gil_sleeps > 0);
+    }
+}

@@ -79,6 +79,9 @@ class SpanSink {
 public:
     virtual ~SpanSink() = default;
     virtual void span(const Span& s) = 0;
+    // False: span() is never called; only the threads' figures are kept
+    // (a summary-only run). Asked once, by the Timeline's constructor.
+    virtual bool wants_spans() const { return true; }
 };
 
 struct ThreadStats {
@@ -161,6 +164,7 @@ private:
     void set_tgid(Thread& th, int32_t tgid);
     void close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as = std::nullopt);
     void emit(Thread& th, uint64_t start, uint64_t end, bool cut);
+    Span span_of(const Thread& th, uint64_t start, uint64_t end, bool cut) const;
     void switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s, const EventInfo& ev);
     void switch_in(Thread& th, uint64_t t, uint32_t cpu);
     void wake(Thread& th, uint64_t t, int32_t waker);
@@ -169,6 +173,7 @@ private:
 
     const Session& session_;
     SpanSink& sink_;
+    const bool spans_wanted_;
     TracepointDecoder dec_;
     SleepClassifier classifier_;
     Resolver resolver_;
