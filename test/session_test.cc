@@ -550,6 +550,98 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
     }
 }
 
+TEST_CASE("ordering: against a model of perf's rule, with late records, ties, long and short rounds, half flushes") {
+    // The model: every queued record in (time, push order); FINISHED_ROUND
+    // releases those up to the previous round's latest time; past max_queued
+    // the queue releases up to the time of its middle record. Released
+    // records go out in that order (drained at once here).
+    struct Model {
+        std::vector<std::pair<uint64_t, uint64_t>> q, out;  // (time, push index)
+        size_t max_queued;
+        uint64_t next_flush = 0, max_time = 0, last_flushed = 0, out_of_order = 0;
+        bool flushed_any = false;
+        void release(uint64_t limit) {
+            std::sort(q.begin(), q.end());  // push indices are unique: stable on time
+            size_t n = 0;
+            while (n < q.size() && q[n].first <= limit) ++n;
+            if (n) {
+                last_flushed = q[n - 1].first;
+                flushed_any = true;
+            }
+            out.insert(out.end(), q.begin(), q.begin() + static_cast<long>(n));
+            q.erase(q.begin(), q.begin() + static_cast<long>(n));
+        }
+        void push(uint64_t t, uint64_t k) {
+            if (flushed_any && t < last_flushed) ++out_of_order;
+            max_time = std::max(max_time, t);
+            q.push_back({t, k});
+            if (q.size() > max_queued) {
+                std::sort(q.begin(), q.end());
+                release(q[q.size() / 2].first);
+            }
+        }
+        void finished_round() {
+            release(next_flush);
+            next_flush = max_time;
+        }
+    };
+    for (size_t max_queued : {size_t{4u << 20}, size_t{300}, size_t{1000}})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+        CAPTURE(max_queued);
+        CAPTURE(seed);
+        uint64_t state = seed;
+        auto rnd = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull, state >> 33; };
+        constexpr uint64_t kRounds = 12, kCpus = 8;
+        const uint64_t n = kRounds * kCpus * 60;
+        ChunkTable chunks;
+        OrderedQueue q(chunks, max_queued);
+        const uint32_t id = chunks.acquire(n * 16, 0, false);
+        chunks.bytes(id).resize(n * 16);
+        std::vector<uint64_t> out;
+        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+        Model m;
+        m.max_queued = max_queued;
+        uint64_t k = 0, base = 1000;
+        for (uint64_t round = 0; round < kRounds; ++round) {
+            // Rounds of varying length and time span, some overlapping the
+            // one before, some records late (before what was released).
+            const uint64_t span = 20 + rnd() % 300, per_cpu = rnd() % 60;
+            const uint64_t lo = base - (round && rnd() % 2 ? rnd() % (span / 2 + 1) : 0);
+            for (uint64_t cpu = 0; cpu < kCpus; ++cpu) {
+                std::vector<uint64_t> times;
+                for (uint64_t i = 0; i < per_cpu; ++i) {
+                    uint64_t t = lo + rnd() % span;
+                    if (rnd() % 25 == 0) t -= std::min<uint64_t>(t, rnd() % 400);  // late
+                    times.push_back(t / 4 * 4);                                  // ties
+                }
+                std::sort(times.begin(), times.end());
+                for (uint64_t t : times) {
+                    push_numbered(q, chunks, id, k, t, deliver);
+                    m.push(t, k);
+                    ++k;
+                }
+            }
+            base = lo + span;
+            q.finished_round(deliver);
+            q.drain(deliver);
+            m.finished_round();
+            REQUIRE(out.size() == m.out.size());  // the same released, round by round
+        }
+        q.flush_all(deliver);
+        m.release(~uint64_t{0});
+        REQUIRE(out.size() == k);
+        REQUIRE(m.out.size() == k);
+        size_t mismatches = 0;
+        for (size_t i = 0; i < k; ++i) mismatches += out[i] != m.out[i].second;
+        CHECK(mismatches == 0);
+        CHECK(q.out_of_order() == m.out_of_order);
+        CHECK(m.out_of_order > 0);
+        if (max_queued == 300) CHECK(q.half_flushes() > 0);
+        chunks.release(id);
+        CHECK(chunks.live() == 0);
+    }
+}
+
 TEST_CASE("a threaded run pumps a round while reading the next: the same records, in the same order, as inline") {
     // Rounds far larger than what may be in flight between the threads
     // (4 MiB). Without sample_id_all the COMM records carry no time: they are
