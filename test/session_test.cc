@@ -473,9 +473,9 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
 TEST_CASE("ordering: rounds overlapping the one before in time, with ties across them, come out as a stable sort") {
     // A round's records may start before the previous round's last ones (the
     // CPU buffers are written one after another) though never before what
-    // was released: the queue merges what the previous round left with the
-    // new one, copying the leftover up to the new round's earliest record as
-    // a block. Times are coarse so that many fall on that boundary.
+    // was released: the queue delivers what the previous round left and the
+    // new one merged, ties from the older first. Times are coarse so that
+    // many fall on that boundary.
     for (uint64_t overlap : {uint64_t{0}, uint64_t{1}, uint64_t{30}, uint64_t{99}})
     for (uint64_t quantum : {uint64_t{1}, uint64_t{10}}) {
         CAPTURE(overlap);

@@ -29,6 +29,12 @@
 // 13 bits of the round's span), whichever takes fewer passes. std::merge
 // takes from its first range on ties (so does ours) and runs are merged in
 // file order, so equal timestamps keep file order without a sequence number.
+// The queue is two sorted arrays, what earlier rounds left (`old`) and the
+// newest round (`new`), merged one record at a time as they are delivered:
+// a round is released at the next round's end, by when the older array is
+// all delivered, so the newer becomes the older by a swap. One array made of
+// both at every round (the leftover copied, the round merged in) moved every
+// entry twice more.
 #pragma once
 
 #include <algorithm>
@@ -69,8 +75,9 @@ public:
             // No round boundary in sight: release the older half.
             ++half_flushes_;
             drain(deliver);
-            arrange();  // all of it in sorted_, from index 0
-            release_until(sorted_[sorted_.size() / 2].time);
+            arrange();
+            join();  // all of it in old_, from index 0
+            release_until(old_[old_.size() / 2].time);
             drain(deliver);
         }
     }
@@ -89,17 +96,29 @@ public:
     // Delivers up to n ready records.
     template <class Deliver>
     void pump(Deliver&& deliver, size_t n) {
-        const size_t end = std::min(ready_end_, head_ + n);
         RawRecord r;
-        for (; head_ < end; ++head_) {
-            // Records are scattered over the round's chunks: ask for the
-            // headers a few entries ahead (a miss per record was the largest
-            // cost of a 64-CPU capture's ordering).
-            if (head_ + kAhead < ready_end_) prefetch(sorted_[head_ + kAhead]);
-            emit(sorted_[head_], r, deliver);
+        // Mostly one side is ready (a round's records are released with the
+        // round after it): each side's run is delivered straight, the two
+        // compared only while both have ready records.
+        while (n) {
+            if (old_head_ < old_ready_ && new_head_ < new_ready_) {
+                // Ties: the older array first (its records were read first).
+                if (new_[new_head_].time < old_[old_head_].time)
+                    emit_from(new_, new_head_, new_ready_, r, deliver);
+                else
+                    emit_from(old_, old_head_, old_ready_, r, deliver);
+                --n;
+                continue;
+            }
+            Entries& side = old_head_ < old_ready_ ? old_ : new_;
+            size_t& head = old_head_ < old_ready_ ? old_head_ : new_head_;
+            const size_t end = std::min(old_head_ < old_ready_ ? old_ready_ : new_ready_, head + n);
+            if (head == end) return;
+            n -= end - head;
+            while (head < end) emit_from(side, head, end, r, deliver);
         }
     }
-    size_t ready() const { return ready_end_ - head_; }
+    size_t ready() const { return (old_ready_ - old_head_) + (new_ready_ - new_head_); }
 
     // Delivers every ready record.
     template <class Deliver>
@@ -117,7 +136,7 @@ public:
 
     uint64_t out_of_order() const { return out_of_order_; }
     uint64_t max_time() const { return max_time_; }
-    size_t size() const { return sorted_.size() - head_ + pending_.size(); }
+    size_t size() const { return (old_.size() - old_head_) + (new_.size() - new_head_) + pending_.size(); }
     size_t peak_size() const { return peak_; }
     uint64_t half_flushes() const { return half_flushes_; }
 
@@ -223,44 +242,56 @@ private:
         }
     }
 
-    // Everything queued as one sorted sorted_ from head_: the new round
-    // (sorted) merged with what earlier rounds left. Called with nothing
-    // ready, so records made ready are delivered before any later merge:
-    // the order is the same whether they go at once or a few at a time.
+    // The new round (sorted) becomes new_; what earlier rounds left is old_.
+    // Called with nothing ready, so records made ready are delivered before
+    // any later merge: the order is the same whether they go at once or a
+    // few at a time.
     void arrange() {
         sort_pending();
-        if (pending_.empty()) return;
-        if (head_ == sorted_.size()) {
-            sorted_.swap(pending_);  // nothing left over: the round is the queue
-        } else {
-            // What is left over is mostly the previous round, and a round
-            // mostly follows the one before it in time: the leftover's
-            // records up to the new round's earliest are copied as a block,
-            // and only the rest is merged (the loop took 20-25 instructions
-            // a record, every record passing through it once).
-            merged_.resize(sorted_.size() - head_ + pending_.size());
-            const Entry* a = sorted_.data() + head_;
-            const Entry* const ae = sorted_.data() + sorted_.size();
-            const Entry* split = std::upper_bound(a, ae, pending_.front().time,
-                                                  [](uint64_t t, const Entry& e) { return t < e.time; });
-            Entry* out = std::copy(a, split, merged_.data());  // ties: the leftover first, as merge() does
-            merge(split, ae, pending_.data(), pending_.data() + pending_.size(), out);
-            sorted_.swap(merged_);
+        if (old_head_ == old_.size()) {
+            // The usual case: the older array is all delivered.
+            old_.swap(new_);
+            old_head_ = new_head_;
+        } else if (new_head_ < new_.size()) {
+            // Both still hold records (late ones, a half flush): one array of them.
+            join();
         }
-        head_ = 0;
-        ready_end_ = 0;
+        new_.swap(pending_);
+        new_head_ = 0;
         pending_.clear();
+        old_ready_ = old_head_;
+        new_ready_ = 0;
+    }
+
+    // old_ and new_ merged into old_ (from index 0); new_ empty. Ties take
+    // from old_, as merge() takes from its first range.
+    void join() {
+        merged_.resize((old_.size() - old_head_) + (new_.size() - new_head_));
+        merge(old_.data() + old_head_, old_.data() + old_.size(), new_.data() + new_head_, new_.data() + new_.size(),
+              merged_.data());
+        old_.swap(merged_);
+        old_head_ = old_ready_ = 0;
+        new_.clear();
+        new_head_ = new_ready_ = 0;
     }
 
     // Makes the queued records up to `limit` ready. The out-of-order test
     // compares against the last of them: the last record released, as if
     // they had all been delivered now.
     void release_until(uint64_t limit) {
-        const auto end = std::upper_bound(sorted_.begin() + static_cast<long>(head_), sorted_.end(), limit,
-                                          [](uint64_t t, const Entry& e) { return t < e.time; });
-        ready_end_ = static_cast<size_t>(end - sorted_.begin());
-        if (ready_end_ > head_) {
-            last_flushed_ = sorted_[ready_end_ - 1].time;
+        auto until = [limit](const Entries& v, size_t head) {
+            return static_cast<size_t>(std::upper_bound(v.begin() + static_cast<long>(head), v.end(), limit,
+                                                        [](uint64_t t, const Entry& e) { return t < e.time; }) -
+                                       v.begin());
+        };
+        old_ready_ = until(old_, old_head_);
+        new_ready_ = until(new_, new_head_);
+        uint64_t last = 0;
+        bool any = false;
+        if (old_ready_ > old_head_) last = old_[old_ready_ - 1].time, any = true;
+        if (new_ready_ > new_head_) last = std::max(last, new_[new_ready_ - 1].time), any = true;
+        if (any) {
+            last_flushed_ = last;
             flushed_any_ = true;
         }
     }
@@ -268,8 +299,14 @@ private:
     static constexpr size_t kAhead = 8;
     void prefetch(const Entry& e) const { __builtin_prefetch(chunks_.data(e.chunk) + e.pos); }
 
+    // Delivers side[head] (and moves head on), having asked for the header
+    // of a record a few entries further on: records are scattered over the
+    // round's chunks (a miss per record was the largest cost of a 64-CPU
+    // capture's ordering).
     template <class Deliver>
-    void emit(const Entry& e, RawRecord& r, Deliver& deliver) {
+    void emit_from(const Entries& side, size_t& head, size_t end, RawRecord& r, Deliver& deliver) {
+        if (head + kAhead < end) prefetch(side[head + kAhead]);
+        const Entry& e = side[head++];
         const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
         read_header(rec, swap_, r);
         r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
@@ -281,9 +318,9 @@ private:
     }
 
     ChunkTable& chunks_;
-    Entries sorted_;   // sorted; [head_, end) still queued
-    size_t head_ = 0;
-    size_t ready_end_ = 0;        // [head_, ready_end_) may be delivered
+    // Each sorted; [head, end) still queued, [head, ready) may be delivered.
+    Entries old_, new_;
+    size_t old_head_ = 0, old_ready_ = 0, new_head_ = 0, new_ready_ = 0;
     Entries pending_;  // pushed since the last flush, in file order
     uint64_t pending_lo_ = 0, pending_hi_ = 0;  // their earliest and latest times
     Entries merged_;
