@@ -125,7 +125,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         stacks.classify(s, ev, ps, label);
     });
     if (parallel) timeline.set_resolver([&](int64_t t, bool wait) { return parallel->resolve(t, wait); });
-    FanOut stages({&maps, &gil, &timeline});
+    FanOutOf<ProcessMaps, GilTracker, Timeline> stages(maps, gil, timeline);
     session.run(stages);
     const uint64_t end = session.stats().last_time;
     gil.finish(end);

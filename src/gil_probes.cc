@@ -61,17 +61,10 @@ void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     if (p.holder == th.st.tid) set_holder(p, -1, t);
 }
 
-// Most records are not GIL probes: they only look up their kind here. The
-// probe's work is a function of its own, so that this path does not save and
-// restore the registers that work needs (18 instructions a record).
-void GilTracker::on_sample(const Sample& s, const EventInfo& ev) {
-    if (kinds_.size() <= static_cast<size_t>(ev.index)) kinds_.resize(static_cast<size_t>(ev.index) + 1, {TpKind::Other, ~0u});
-    Kind& kk = kinds_[static_cast<size_t>(ev.index)];
-    if (kk.generation != ev.generation) kk = {gil_probe_kind(ev.name), ev.generation};  // first sight, or renamed
-    const TpKind k = kk.kind;
-    if (!is_gil_probe(k)) return;
-    if (s.tid <= 0) return;
-    on_probe(s, k);
+void GilTracker::learn_kind(const EventInfo& ev) {
+    const auto i = static_cast<size_t>(ev.index);
+    if (i >= kinds_.size()) kinds_.resize(i + 1, {TpKind::Other, ~0u});
+    kinds_[i] = {gil_probe_kind(ev.name), ev.generation};
 }
 
 __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, TpKind k) {

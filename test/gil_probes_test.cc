@@ -90,6 +90,42 @@ TEST_CASE("a sleep inside take_gil is S(GIL), inside drop_gil S(GIL handoff)") {
     CHECK(a.thread(11)->gil_sleep_ns == 45);
 }
 
+namespace {
+// Sinks of two types for FanOutOf, logging what reaches them.
+template <int N>
+struct Logged final : EventSink {
+    std::vector<std::string>* log = nullptr;
+    void say(const char* what) { log->push_back(std::to_string(N) + ":" + what); }
+    void on_sample(const Sample&, const EventInfo&) override { say("sample"); }
+    void on_comm(const CommEvent&) override { say("comm"); }
+    void on_fork(const TaskEvent&) override { say("fork"); }
+    void on_exit(const TaskEvent&) override { say("exit"); }
+    void on_mmap(const MmapEvent&) override { say("mmap"); }
+    void on_lost(const LostEvent&) override { say("lost"); }
+};
+}  // namespace
+
+TEST_CASE("FanOutOf: every event to each sink, in the order given, as FanOut does") {
+    std::vector<std::string> a, b;
+    Logged<1> one, one2;
+    Logged<2> two, two2;
+    one.log = two.log = &a;
+    one2.log = two2.log = &b;
+    FanOutOf<Logged<2>, Logged<1>> fixed(two, one);
+    FanOut dynamic({&two2, &one2});
+    for (EventSink* k : {static_cast<EventSink*>(&fixed), static_cast<EventSink*>(&dynamic)}) {
+        k->on_sample(Sample{}, EventInfo{});
+        k->on_comm(CommEvent{});
+        k->on_fork(TaskEvent{});
+        k->on_exit(TaskEvent{});
+        k->on_mmap(MmapEvent{});
+        k->on_lost(LostEvent{});
+    }
+    CHECK(a == std::vector<std::string>{"2:sample", "1:sample", "2:comm", "1:comm", "2:fork", "1:fork",
+                                        "2:exit", "1:exit", "2:mmap", "1:mmap", "2:lost", "1:lost"});
+    CHECK(b == a);
+}
+
 TEST_CASE("FanOut: samples only to sinks that take them, everything else to all, in order") {
     struct Log : EventSink {
         std::string name;

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -62,11 +64,22 @@ struct GilAnomalies {
 
 enum class GilState : uint8_t { None, Waiting, Holding, Dropping };
 
-class GilTracker : public EventSink {
+class GilTracker final : public EventSink {
 public:
     explicit GilTracker(TraceSink* trace) : trace_(trace) {}
 
-    void on_sample(const Sample& s, const EventInfo& ev) override;
+    // Most records are not GIL probes: they only look up their kind here
+    // (inline: FanOutOf calls it directly). The probe's work is a function
+    // of its own, so that this path does not save and restore the registers
+    // that work needs (18 instructions a record).
+    void on_sample(const Sample& s, const EventInfo& ev) override {
+        const auto i = static_cast<size_t>(ev.index);
+        if (i >= kinds_.size() || kinds_[i].generation != ev.generation) [[unlikely]]
+            learn_kind(ev);  // first sight, or renamed
+        const TpKind k = kinds_[i].kind;
+        if (!is_gil_probe(k) || s.tid <= 0) return;
+        on_probe(s, k);
+    }
     void finish(uint64_t end);
 
     bool seen_probes() const { return probe_events_ > 0; }
@@ -106,6 +119,7 @@ private:
     Thread& add_thread(int32_t pid, int32_t tid);
     Process& add_process(int32_t pid);
     void on_probe(const Sample& s, TpKind k);  // a GIL probe's sample
+    void learn_kind(const EventInfo& ev);
     void account(Process& p, uint64_t t);  // integrate the process counters up to t
     void set_holder(Process& p, int32_t tid, uint64_t t);
     void waiters_changed(Process& p, uint64_t t);
@@ -160,6 +174,41 @@ public:
 private:
     std::vector<EventSink*> sinks_;
     std::vector<EventSink*> sample_sinks_;  // those that take samples, in the same order
+};
+
+// FanOut for sinks whose types are known where it is built (the analysis's
+// own stages): the calls are direct, not through a list of pointers, and
+// each stage's sample handler can be inlined. Each type must be final (a
+// qualified call of S::on_sample is right only for an S that is exactly S).
+//
+//   FanOutOf<ProcessMaps, GilTracker, Timeline> stages(maps, gil, timeline);
+template <class... S>
+class FanOutOf final : public EventSink {
+    static_assert((std::is_final_v<S> && ...), "FanOutOf calls S::on_sample directly: S must be final");
+
+public:
+    explicit FanOutOf(S&... sinks) : sinks_(sinks...) {}
+    void on_sample(const Sample& s, const EventInfo& e) override {
+        std::apply([&](auto&... k) { (k.on_sample(s, e), ...); }, sinks_);
+    }
+    void on_comm(const CommEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_comm(e), ...); }, sinks_);
+    }
+    void on_fork(const TaskEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_fork(e), ...); }, sinks_);
+    }
+    void on_exit(const TaskEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_exit(e), ...); }, sinks_);
+    }
+    void on_mmap(const MmapEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_mmap(e), ...); }, sinks_);
+    }
+    void on_lost(const LostEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_lost(e), ...); }, sinks_);
+    }
+
+private:
+    std::tuple<S&...> sinks_;
 };
 
 // The id of the per-process "GIL holder" track in the trace.

@@ -44,7 +44,7 @@ uint64_t layout_key(const AddressSpace& as);
 // as.layout when ProcessMaps keeps it, else computed (hashes every path).
 inline uint64_t layout_of(const AddressSpace& as) { return as.layout ? as.layout : layout_key(as); }
 
-class ProcessMaps : public EventSink {
+class ProcessMaps final : public EventSink {
 public:
     void on_mmap(const MmapEvent& e) override;
     void on_comm(const CommEvent& e) override;

@@ -103,7 +103,7 @@ struct ThreadStats {
 // arrives cleared (and keeps its capacity from the thread's earlier sleeps).
 using SleepClassifier = std::function<void(const Sample&, const EventInfo&, const PrevState&, SleepLabel& label)>;
 
-class Timeline : public EventSink {
+class Timeline final : public EventSink {
 public:
     Timeline(const Session& session, SpanSink& sink);
 
