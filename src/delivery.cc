@@ -106,7 +106,12 @@ void Session::run(EventSink& sink) {
                 __builtin_prefetch(batch[i + 8].rec + 64);
             }
             const Handed& h = batch[i];
-            read_header(h.rec, header_.swap, r);
+            // The byte order as a constant in each branch: a run-time flag
+            // made the compiler byte-swap every field and then choose.
+            if (header_.swap)
+                read_header(h.rec, true, r);
+            else
+                read_header(h.rec, false, r);
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
             r.offset = h.offset;
             r.compressed = h.compressed;
@@ -325,7 +330,7 @@ void Session::keep_last_sample() {
 }
 
 void Session::deliver(const RawRecord& r, EventSink& sink) {
-    const int event_index = event_for(r);
+    const int event_index = header_.swap ? ids_.event_for(r, true) : ids_.event_for(r, false);  // as read_header above
     if (event_index < 0) return;  // counted when it was read
     const EventInfo& ev = events_[static_cast<size_t>(event_index)];
     const bool swap = header_.swap;
