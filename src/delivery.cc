@@ -222,8 +222,19 @@ void Session::run(EventSink& sink) {
                 }
                 // Its event, and its timestamp: a sample's TIME field, else
                 // the sample_id_all trailer.
+                // (The byte order a constant in each branch, as for the
+                // stages: see deliver.)
                 const uint8_t* tp;
-                const int ev = ids.event_and_time(r, swap, tp);
+                int ev;
+                uint64_t time = 0;
+                auto lookup = [&](auto sw) {
+                    ev = ids.event_and_time(r, sw, tp);
+                    if (ev >= 0 && tp) time = load<uint64_t>(tp, sw);
+                };
+                if (swap)
+                    lookup(std::true_type{});
+                else
+                    lookup(std::false_type{});
                 if (ev < 0) {
                     ++rd.unknown_ids;
                     continue;
@@ -233,7 +244,7 @@ void Session::run(EventSink& sink) {
                     hand(r);  // as perf does for records without a time: delivered at once
                     continue;
                 }
-                q.push(load<uint64_t>(tp, swap), r, hand);
+                q.push(time, r, hand);
             }
             q.flush_all(hand);
             send();
