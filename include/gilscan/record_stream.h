@@ -110,6 +110,11 @@ public:
     bool next(RawRecord& r) {
         if (dchunk_ == kNoChunk && pos_ < cend_ && cend_ - pos_ >= PERF_EVENT_HEADER_SIZE) {
             const uint8_t* p = chunks_.data(fchunk_) + (pos_ - cbase_);
+            // The chunk was just filled by pread, whose large copies leave
+            // little of it in the cache: each header's load would wait for
+            // memory (a fifth of the reader's time in a profile of the
+            // 64-CPU capture). Ask for the bytes some records ahead.
+            __builtin_prefetch(p + 512);
             read_header(p, swap_, r);
             if (r.type < PERF_RECORD_HEADER_ATTR && r.size >= PERF_EVENT_HEADER_SIZE && r.size <= cend_ - pos_) {
                 frame_in_chunk(r, pos_);
