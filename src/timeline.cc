@@ -26,30 +26,14 @@ __attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
     return th;
 }
 
-void Timeline::set_tgid(Thread& th, int32_t tgid) {
-    if (tgid > 0) th.st.tgid = tgid;
-}
-
-void Timeline::touch(Thread& th, uint64_t t) {
-    if (t < th.st.first_seen) th.st.first_seen = t;
-    if (t > th.st.last_seen) th.st.last_seen = t;
-}
-
-void Timeline::own_event(Thread& th, uint64_t t, bool proves_monitored) {
-    // Wake-up tracepoints are delivered to the woken task's events (__perf_task)
-    // with the waker as the sample's task: a waker from an unrecorded process
-    // shows up there, so only other samples prove a thread is recorded.
-    if (proves_monitored) th.st.monitored = true;
-    if (th.known && th.state == SpanKind::Runnable && t > th.since) {
-        // Running now, but its switch-in was not recorded: the interval since
-        // the wake-up/preemption cannot be split into runnable and running.
-        ++th.st.hidden_switch_ins;
-        close(th, t, false, SpanKind::Running);
-        th.state = SpanKind::Running;
-        th.state_letters = "R";
-        th.since = t;
-    }
-    th.last_own = t;
+// Running now, but its switch-in was not recorded: the interval since the
+// wake-up/preemption cannot be split into runnable and running.
+void Timeline::hidden_switch_in(Thread& th, uint64_t t) {
+    ++th.st.hidden_switch_ins;
+    close(th, t, false, SpanKind::Running);
+    th.state = SpanKind::Running;
+    th.state_letters = "R";
+    th.since = t;
 }
 
 void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
@@ -280,10 +264,7 @@ void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
     }
 }
 
-void Timeline::on_sample(const Sample& s, const EventInfo& ev) {
-    if (!pending_.empty()) drain(false);
-    TpKind k = dec_.kind(ev);
-    if (k == TpKind::Other) return;
+void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
     const uint64_t t = s.time;
     last_time_ = std::max(last_time_, t);
     if (s.cpu != ~0u) cpu_last_.set(s.cpu, t);
