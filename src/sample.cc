@@ -133,6 +133,10 @@ SampleLayout sample_layout(const PerfEventAttr& attr) {
     l.size = static_cast<uint8_t>(at);
     l.raw = (t & PERF_SAMPLE_RAW) != 0;
     l.fixed = true;
+    constexpr uint64_t kTp = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU |
+                             PERF_SAMPLE_PERIOD | PERF_SAMPLE_RAW;
+    if (t == (kTp | PERF_SAMPLE_ID)) l.shape = SampleLayout::Shape::TpId;
+    if (t == (kTp | PERF_SAMPLE_IDENTIFIER)) l.shape = SampleLayout::Shape::TpIdentifier;
     return l;
 }
 
@@ -140,8 +144,32 @@ namespace {
 
 // The byte order a compile-time constant: with a run-time flag the compiler
 // byte-swapped every field and then chose (12 instructions a sample).
+// A tracepoint's sample in one of perf record's two usual layouts: the id
+// at `id`, IP, TID and TIME at `ip` and the 8 bytes after each, then CPU,
+// PERIOD and RAW's size at 32, 40 and 48.
+template <bool swap, int id, int ip>
+bool parse_tp(Bytes body, Sample& s) {
+    const size_t n = body.size();
+    if (n < 52) return false;
+    const uint8_t* p = body.data();
+    const uint32_t size = load<uint32_t>(p + 48, swap);
+    if (size > n - 52) return false;
+    s.raw = body.subspan(52, size);
+    s.id = load<uint64_t>(p + id, swap);
+    s.ip = load<uint64_t>(p + ip, swap);
+    s.pid = load<int32_t>(p + ip + 8, swap);
+    s.tid = load<int32_t>(p + ip + 12, swap);
+    s.time = load<uint64_t>(p + ip + 16, swap);
+    s.has_time = true;
+    s.cpu = load<uint32_t>(p + 32, swap);
+    s.period = load<uint64_t>(p + 40, swap);
+    return true;
+}
+
 template <bool swap>
 bool parse_fixed(Bytes body, const SampleLayout& l, Sample& s) {
+    if (l.shape == SampleLayout::Shape::TpId) return parse_tp<swap, 24, 0>(body, s);
+    if (l.shape == SampleLayout::Shape::TpIdentifier) return parse_tp<swap, 0, 8>(body, s);
     const size_t n = body.size();
     if (n < l.size + (l.raw ? 4u : 0u)) return false;
     const uint8_t* p = body.data();

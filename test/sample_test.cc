@@ -189,7 +189,7 @@ TEST_CASE("parse_sample_fixed reads what parse_sample reads, and declines what i
         s.cpu = 77;
         return s;
     };
-    size_t fast = 0, declined = 0;
+    size_t fast = 0, declined = 0, shaped = 0;
     for (bool swap : {false, true}) {
         for (uint32_t m = 0; m < (1u << 10); ++m) {
             PerfEventAttr a;
@@ -197,6 +197,14 @@ TEST_CASE("parse_sample_fixed reads what parse_sample reads, and declines what i
                 if (m & (1u << b)) a.sample_type |= fixed_bits[b];
             const SampleLayout l = sample_layout(a);
             REQUIRE(l.fixed);
+            // perf record's two tracepoint layouts take paths of their own.
+            constexpr uint64_t kTp = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU |
+                                     PERF_SAMPLE_PERIOD | PERF_SAMPLE_RAW;
+            const bool tp_id = a.sample_type == (kTp | PERF_SAMPLE_ID);
+            const bool tp_identifier = a.sample_type == (kTp | PERF_SAMPLE_IDENTIFIER);
+            CHECK((l.shape == SampleLayout::Shape::TpId) == tp_id);
+            CHECK((l.shape == SampleLayout::Shape::TpIdentifier) == tp_identifier);
+            shaped += tp_id || tp_identifier;
             const size_t fields = 8u * static_cast<size_t>(std::popcount(m & 0x1ffu));
             CHECK(l.size == fields);
             for (size_t len = fields > 12 ? fields - 12 : 0; len <= fields + 24; len += 4) {
@@ -240,6 +248,7 @@ TEST_CASE("parse_sample_fixed reads what parse_sample reads, and declines what i
     }
     CHECK(fast > 10000);
     CHECK(declined > 5000);
+    CHECK(shaped == 4);  // two layouts, two byte orders
 }
 
 TEST_CASE("sample_layout: any field past RAW or of variable size leaves the fast path") {
