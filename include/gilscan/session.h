@@ -143,6 +143,10 @@ private:
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
     int event_for(const RawRecord& r) const { return ids_.event_for(r, header_.swap); }
     void deliver(const RawRecord& r, EventSink& sink);
+    void deliver_other(const RawRecord& r, int event_index, EventSink& sink);  // not a sample
+    bool parse_sample_checked(const RawRecord& r, const EventInfo& ev, Sample& s);
+    template <class Decode>
+    bool decoded(const RawRecord& r, Decode&& decode);
     void warn(std::string w);
     void open();
 
