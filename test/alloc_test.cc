@@ -95,7 +95,7 @@ Run run(int cycles, bool trace, bool relayed = false) {
     sink.next = to;
     Timeline tl(s, sink);
     tl.set_classifier(gil_probe_classifier(gil));
-    FanOut stages({&gil, &tl});
+    FanOutOf<GilTracker, Timeline> stages(gil, tl);
     const uint64_t before = g_news.load();
     s.run(stages);
     if (relay) relay->close();
@@ -144,7 +144,7 @@ TEST_CASE("no heap allocation per sleep stack once warm: the DWARF classifier (r
         gsc.classify(smp, ev, ps, label);
         second_calls += g_news.load() - before;
     });
-    FanOut stages({&maps, &tl});
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
     s.run(stages);
     CAPTURE(sleeps);
     CHECK(sleeps > 100);

@@ -183,7 +183,7 @@ TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (
         ++stacks;
         with_kernel += label.stack_json.rfind("[\"", 0) == 0 && label.stack_json.find("([kernel])") != std::string::npos;
     });
-    FanOut stages({&maps, &tl});
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
     s.run(stages);
     reader.join();
     CHECK(user_names_first);

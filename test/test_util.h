@@ -147,7 +147,7 @@ inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::opt
     GilTracker gil(nullptr);
     Timeline tl(s, a.spans);
     tl.set_classifier(gil_probe_classifier(gil));
-    FanOut stages({&gil, &tl});
+    FanOutOf<GilTracker, Timeline> stages(gil, tl);
     s.run(stages);
     gil.finish(s.stats().last_time);
     tl.finish(s.stats().last_time);
@@ -177,7 +177,7 @@ inline StackAnalysis analyse_with_stacks(const std::string& path, const std::str
     tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
         gsc.classify(smp, ev, ps, label);
     });
-    FanOut stages({&maps, &tl});
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
     s.run(stages);
     tl.finish(s.stats().last_time);
     for (const ThreadStats* t : tl.threads()) a.threads.push_back(*t);

@@ -262,7 +262,7 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
             GilTracker gil(nullptr);
             Timeline tl(s, want ? static_cast<SpanSink&>(collect) : none);
             tl.set_classifier(gil_probe_classifier(gil));
-            FanOut stages({&gil, &tl});
+            FanOutOf<GilTracker, Timeline> stages(gil, tl);
             s.run(stages);
             tl.finish(s.stats().last_time);
             runs.emplace_back();

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Compare : EventSink {
+struct Compare final : EventSink {
     explicit Compare(ProcessMaps& m, ModuleCache& mods) : maps(m), fast(mods), slow(mods) { slow.set_fast(false); }
     ProcessMaps& maps;
     DwarfUnwinder fast, slow;
@@ -61,7 +61,7 @@ TEST_CASE("fast CFI-rule unwinding gives libdw's frames on every real recording"
         ProcessMaps maps;
         ModuleCache modules(ModuleOptions{});
         Compare cmp(maps, modules);
-        FanOut stages({&maps, &cmp});
+        FanOutOf<ProcessMaps, Compare> stages(maps, cmp);
         session.run(stages);
         MESSAGE(name << ": " << cmp.stacks << " stacks, " << cmp.frames << " frames; fast path "
                      << cmp.fast.fast_frames() << " frames, libdw " << cmp.fast.libdw_frames() << " frames in "

@@ -1,7 +1,7 @@
 // Stage: GIL hold / wait from take_gil / drop_gil uprobes (per4m's `gil` mode).
 //
 //   GilTracker gil(&trace_writer);         // or nullptr: figures only
-//   FanOut both{&gil, &timeline};          // the tracker sees each event first
+//   FanOutOf<GilTracker, Timeline> both(gil, timeline);   // the tracker sees each event first
 //   session.run(both);
 //   gil.finish(end);
 //   gil.thread(tid)->wait_ns, gil.processes(), gil.anomalies()
@@ -145,41 +145,11 @@ private:
 // wait) -> "S(GIL handoff)".
 SleepClassifier gil_probe_classifier(const GilTracker& gil);
 
-// Delivers every event to several sinks, in order.
-class FanOut : public EventSink {
-public:
-    explicit FanOut(std::vector<EventSink*> sinks) : sinks_(std::move(sinks)) {
-        for (auto* k : sinks_)
-            if (k->takes_samples()) sample_sinks_.push_back(k);
-    }
-    void on_sample(const Sample& s, const EventInfo& e) override {
-        for (auto* k : sample_sinks_) k->on_sample(s, e);
-    }
-    void on_comm(const CommEvent& e) override {
-        for (auto* k : sinks_) k->on_comm(e);
-    }
-    void on_fork(const TaskEvent& e) override {
-        for (auto* k : sinks_) k->on_fork(e);
-    }
-    void on_exit(const TaskEvent& e) override {
-        for (auto* k : sinks_) k->on_exit(e);
-    }
-    void on_mmap(const MmapEvent& e) override {
-        for (auto* k : sinks_) k->on_mmap(e);
-    }
-    void on_lost(const LostEvent& e) override {
-        for (auto* k : sinks_) k->on_lost(e);
-    }
-
-private:
-    std::vector<EventSink*> sinks_;
-    std::vector<EventSink*> sample_sinks_;  // those that take samples, in the same order
-};
-
-// FanOut for sinks whose types are known where it is built (the analysis's
-// own stages): the calls are direct, not through a list of pointers, and
-// each stage's sample handler can be inlined. Each type must be final (a
-// qualified call of S::on_sample is right only for an S that is exactly S).
+// Delivers every event to several sinks, in the order given. The sinks'
+// types are known where it is built (the analysis's stages), so the calls
+// are direct, not through a list of pointers, and each stage's sample
+// handler can be inlined. Each type must be final (a direct call of
+// S::on_sample is right only for an object that is exactly an S).
 //
 //   FanOutOf<ProcessMaps, GilTracker, Timeline> stages(maps, gil, timeline);
 template <class... S>

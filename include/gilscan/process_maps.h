@@ -49,7 +49,6 @@ public:
     void on_mmap(const MmapEvent& e) override;
     void on_comm(const CommEvent& e) override;
     void on_fork(const TaskEvent& e) override;
-    bool takes_samples() const override { return false; }
 
     const AddressSpace* space(int32_t pid) const;
     // The space as it is now, kept unchanged for as long as the caller holds

@@ -76,9 +76,6 @@ class EventSink {
 public:
     virtual ~EventSink() = default;
     virtual void on_sample(const Sample&, const EventInfo&) {}
-    // False for a sink whose on_sample does nothing (ProcessMaps): FanOut
-    // then leaves it out of the per-sample calls.
-    virtual bool takes_samples() const { return true; }
     virtual void on_comm(const CommEvent&) {}
     virtual void on_fork(const TaskEvent&) {}
     virtual void on_exit(const TaskEvent&) {}
@@ -141,7 +138,6 @@ private:
     void resolve_names_and_formats();
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
-    int event_for(const RawRecord& r) const { return ids_.event_for(r, header_.swap); }
     void deliver(const RawRecord& r, EventSink& sink);
     void deliver_other(const RawRecord& r, int event_index, EventSink& sink);  // not a sample
     bool parse_sample_checked(const RawRecord& r, const EventInfo& ev, Sample& s);
