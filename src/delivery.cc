@@ -106,12 +106,7 @@ void Session::run(EventSink& sink) {
                 __builtin_prefetch(batch[i + 8].rec + 64);
             }
             const Handed& h = batch[i];
-            // The byte order as a constant in each branch: a run-time flag
-            // made the compiler byte-swap every field and then choose.
-            if (header_.swap)
-                read_header(h.rec, true, r);
-            else
-                read_header(h.rec, false, r);
+            with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
             r.offset = h.offset;
             r.compressed = h.compressed;
@@ -222,19 +217,13 @@ void Session::run(EventSink& sink) {
                 }
                 // Its event, and its timestamp: a sample's TIME field, else
                 // the sample_id_all trailer.
-                // (The byte order a constant in each branch, as for the
-                // stages: see deliver.)
                 const uint8_t* tp;
                 int ev;
                 uint64_t time = 0;
-                auto lookup = [&](auto sw) {
+                with_byte_order(swap, [&](auto sw) {
                     ev = ids.event_and_time(r, sw, tp);
                     if (ev >= 0 && tp) time = load<uint64_t>(tp, sw);
-                };
-                if (swap)
-                    lookup(std::true_type{});
-                else
-                    lookup(std::false_type{});
+                });
                 if (ev < 0) {
                     ++rd.unknown_ids;
                     continue;
@@ -362,7 +351,7 @@ bool Session::decoded(const RawRecord& r, Decode&& decode) {
 // one function for all, its register saves alone were 18 instructions a
 // record).
 [[gnu::always_inline]] inline void Session::deliver(const RawRecord& r, EventSink& sink) {
-    const int event_index = header_.swap ? ids_.event_for(r, true) : ids_.event_for(r, false);  // as read_header
+    const int event_index = with_byte_order(header_.swap, [&](auto sw) { return ids_.event_for(r, sw); });
     if (event_index < 0) return;  // counted when it was read
     if (r.type != PERF_RECORD_SAMPLE) [[unlikely]] {
         deliver_other(r, event_index, sink);

@@ -142,8 +142,6 @@ SampleLayout sample_layout(const PerfEventAttr& attr) {
 
 namespace {
 
-// The byte order a compile-time constant: with a run-time flag the compiler
-// byte-swapped every field and then chose (12 instructions a sample).
 // A tracepoint's sample in one of perf record's two usual layouts: the id
 // at `id`, IP, TID and TIME at `ip` and the 8 bytes after each, then CPU,
 // PERIOD and RAW's size at 32, 40 and 48.
@@ -166,6 +164,7 @@ bool parse_tp(Bytes body, Sample& s) {
     return true;
 }
 
+// swap: the byte order as a compile-time constant (see with_byte_order).
 template <bool swap>
 bool parse_fixed(Bytes body, const SampleLayout& l, Sample& s) {
     if (l.shape == SampleLayout::Shape::TpId) return parse_tp<swap, 24, 0>(body, s);
@@ -200,7 +199,7 @@ bool parse_fixed(Bytes body, const SampleLayout& l, Sample& s) {
 }  // namespace
 
 bool parse_sample_fixed(Bytes body, bool swap, const SampleLayout& l, Sample& s) {
-    return swap ? parse_fixed<true>(body, l, s) : parse_fixed<false>(body, l, s);
+    return with_byte_order(swap, [&](auto sw) { return parse_fixed<decltype(sw)::value>(body, l, s); });
 }
 
 uint64_t sample_id_trailer_size(uint64_t t) {

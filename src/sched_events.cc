@@ -1,7 +1,6 @@
 #include "gilscan/sched_events.h"
 
 #include <charconv>
-#include <type_traits>
 
 namespace gilscan {
 
@@ -209,9 +208,7 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
     if (f.kind != TpKind::SchedSwitch) return false;
     if (f.fixed_switch && s.raw.size() >= f.fixed_end) [[likely]] {
         const uint8_t* p = s.raw.data();
-        // The byte order a constant in each instance: with the run-time flag
-        // the compiler byte-swapped every field and then chose.
-        auto read = [&](auto sw) {
+        with_byte_order(swap, [&](auto sw) {
             o.prev_pid = static_cast<int32_t>(int_at(p, *f.a, sw));
             o.next_pid = static_cast<int32_t>(int_at(p, *f.b, sw));
             o.prev_state = int_at(p, *f.c, sw);
@@ -219,11 +216,7 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
             if (f.e) o.next_comm = str_at(p, *f.e);
             if (f.f) o.prev_prio = static_cast<int32_t>(int_at(p, *f.f, sw));
             if (f.g) o.next_prio = static_cast<int32_t>(int_at(p, *f.g, sw));
-        };
-        if (swap)
-            read(std::true_type{});
-        else
-            read(std::false_type{});
+        });
         return true;
     }
     bool ok = true;
@@ -243,15 +236,11 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
     if (f.kind != TpKind::SchedWaking && f.kind != TpKind::SchedWakeup && f.kind != TpKind::SchedWakeupNew)
         return false;
     bool ok = true;
-    auto read = [&](auto sw) {  // as for sched_switch
+    with_byte_order(swap, [&](auto sw) {
         o.pid = static_cast<int32_t>(read_int(s.raw, *f.a, sw, &ok));
         if (f.b) o.target_cpu = static_cast<int32_t>(read_int(s.raw, *f.b, sw));
         if (f.d) o.comm = read_str(s.raw, *f.d, sw);
-    };
-    if (swap)
-        read(std::true_type{});
-    else
-        read(std::false_type{});
+    });
     if (!ok) ++field_errors_;
     return ok;
 }

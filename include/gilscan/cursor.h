@@ -57,6 +57,20 @@ inline T load(const uint8_t* p, bool swap) {
     return swap ? byteswap_int(v) : v;
 }
 
+// Calls f with the byte order as a compile-time constant (std::true_type:
+// swap), so that each load<T>(p, swap) inside compiles to a plain load or
+// to a byte swap: with the run-time flag GCC byte-swapped every field and
+// then chose (a dozen instructions a record on the paths that read every
+// record: the record's header, id and time, a sample's fields, the
+// scheduler's tracepoint fields).
+//
+//   int ev = with_byte_order(swap, [&](auto sw) { return ids.event_for(r, sw); });
+template <class F>
+[[gnu::always_inline]] inline decltype(auto) with_byte_order(bool swap, F&& f) {
+    if (swap) return f(std::true_type{});
+    return f(std::false_type{});
+}
+
 // Byte-parallel tests on a word (the bit hacks collection): for each byte,
 // the high bit set when the byte is zero, or below n (n <= 0x80). Exact as a
 // yes/no answer for the word; of the bits set, the lowest (the first byte in

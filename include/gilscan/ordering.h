@@ -110,9 +110,10 @@ public:
                 --n;
                 continue;
             }
-            Entries& side = old_head_ < old_ready_ ? old_ : new_;
-            size_t& head = old_head_ < old_ready_ ? old_head_ : new_head_;
-            const size_t end = std::min(old_head_ < old_ready_ ? old_ready_ : new_ready_, head + n);
+            const bool from_old = old_head_ < old_ready_;
+            const Entries& side = from_old ? old_ : new_;
+            size_t& head = from_old ? old_head_ : new_head_;
+            const size_t end = std::min(from_old ? old_ready_ : new_ready_, head + n);
             if (head == end) return;
             n -= end - head;
             while (head < end) emit_from(side, head, end, r, deliver);
