@@ -163,8 +163,9 @@ void Session::run(EventSink& sink) {
             }
             batch.reserve(kBatch);
         };
+        // Takes over a reference to rec.chunk (the ordering queue's, handed on
+        // with the record): the batch holds it until it comes back.
         auto hand = [&](const RawRecord& rec) {
-            chunks.retain(rec.chunk);
             const void* note = nullptr;
             if (stage) {
                 const int ev = ids.event_for(rec, swap);  // records of unknown events were never queued
@@ -230,6 +231,7 @@ void Session::run(EventSink& sink) {
                 }
                 if (!tp) {
                     q.drain(hand);
+                    chunks.retain(r.chunk);
                     hand(r);  // as perf does for records without a time: delivered at once
                     continue;
                 }

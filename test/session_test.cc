@@ -97,7 +97,10 @@ void check_rounds(uint64_t cpus, uint64_t rounds, uint64_t per_cpu, uint64_t see
     chunks.bytes(id).resize(n * 16);
     std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
     std::vector<uint64_t> out;
-    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    auto deliver = [&](const RawRecord& r) {
+        out.push_back(load<uint64_t>(r.body.data(), false));
+        chunks.release(r.chunk);  // the queue's reference comes with the record
+    };
     uint64_t k = 0;
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
     for (uint64_t round = 0; round < rounds; ++round) {
@@ -274,7 +277,10 @@ TEST_CASE("bounded queue: without rounds the older half is released; chunks are 
     // Records carry their push index in the body, so delivery order is visible.
     const uint32_t id = chunks.acquire(20 * 16, 0, false);
     chunks.bytes(id).resize(20 * 16);
-    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    auto deliver = [&](const RawRecord& r) {
+        out.push_back(load<uint64_t>(r.body.data(), false));
+        chunks.release(r.chunk);  // the queue's reference comes with the record
+    };
     for (uint64_t t = 0; t < 20; ++t) push_numbered(q, chunks, id, t, t % 2 ? t : 19 - t, deliver);  // two interleaved runs
     CHECK(q.peak_size() <= 9);
     CHECK(q.half_flushes() > 0);
@@ -296,7 +302,10 @@ TEST_CASE("equal timestamps keep file order across runs and rounds") {
     const uint32_t id = chunks.acquire(64 * 16, 0, false);
     chunks.bytes(id).resize(64 * 16);
     std::vector<uint64_t> out;
-    auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+    auto deliver = [&](const RawRecord& r) {
+        out.push_back(load<uint64_t>(r.body.data(), false));
+        chunks.release(r.chunk);  // the queue's reference comes with the record
+    };
     // Four "CPU runs" of (time 5, 5, 7) each, pushed in file order 0..11.
     uint64_t n = 0;
     for (int run = 0; run < 4; ++run)
@@ -511,7 +520,10 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
             const uint32_t id = chunks.acquire(n * 16, 0, false);
             chunks.bytes(id).resize(n * 16);
             Run run;
-            auto deliver = [&](const RawRecord& r) { run.out.push_back(load<uint64_t>(r.body.data(), false)); };
+            auto deliver = [&](const RawRecord& r) {
+                run.out.push_back(load<uint64_t>(r.body.data(), false));
+                chunks.release(r.chunk);
+            };
             uint64_t seed = 99, k = 0;
             auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
             for (uint64_t round = 0; round < kRounds; ++round) {
@@ -598,7 +610,10 @@ TEST_CASE("ordering: against a model of perf's rule, with late records, ties, lo
         const uint32_t id = chunks.acquire(n * 16, 0, false);
         chunks.bytes(id).resize(n * 16);
         std::vector<uint64_t> out;
-        auto deliver = [&](const RawRecord& r) { out.push_back(load<uint64_t>(r.body.data(), false)); };
+        auto deliver = [&](const RawRecord& r) {
+        out.push_back(load<uint64_t>(r.body.data(), false));
+        chunks.release(r.chunk);  // the queue's reference comes with the record
+    };
         Model m;
         m.max_queued = max_queued;
         uint64_t k = 0, base = 1000;

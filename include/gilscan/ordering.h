@@ -7,7 +7,8 @@
 //   q.drain(deliver);            // deliver what it made ready now, or
 //   q.pump(deliver, 512);        //   a few at a time while reading on
 //   q.flush_all(deliver);        // at the end of the data
-//   // deliver(const RawRecord&)
+//   // deliver(const RawRecord& r): owns the queue's reference to r.chunk
+//   // (chunks.release(r.chunk) when done with the record)
 //
 // perf writes the per-CPU ring buffers out in rounds; every event of a round
 // is later than everything released at the end of the round before it, so at
@@ -54,24 +55,21 @@ public:
 
     template <class Deliver>
     void push(uint64_t time, const RawRecord& r, Deliver&& deliver) {
-        // Out of order: earlier than a record released before it (perf counts these too).
-        if (flushed_any_ && time < last_flushed_) ++out_of_order_;
-        max_time_ = std::max(max_time_, time);
-        chunks_.retain(r.chunk);
+        // Out of order: earlier than a record released before it (perf counts
+        // these too; last_flushed_ is 0 until something is released).
+        if (time < last_flushed_) ++out_of_order_;
+        chunks_.retain(r.chunk);  // the queue's reference, handed on with the record
         Entry e;
         e.time = time;
         e.chunk = r.chunk;
         e.pos = static_cast<uint32_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks_.data(r.chunk));
-        if (pending_.empty()) {
-            pending_lo_ = pending_hi_ = time;
-        } else {
-            if (time < pending_.back().time) runs_.push_back(pending_.size());
-            pending_lo_ = std::min(pending_lo_, time);
-            pending_hi_ = std::max(pending_hi_, time);
-        }
+        // Only where a run starts is noted per record: the round's earliest
+        // and latest times are those of its runs' ends, found when it is
+        // sorted (kept per record, they were a tenth of push's instructions).
+        if (!pending_.empty() && time < pending_.back().time) runs_.push_back(pending_.size());
         pending_.push_back(e);
-        peak_ = std::max(peak_, size());
-        if (size() > max_queued_) {
+        if (++queued_ > peak_) peak_ = queued_;
+        if (queued_ > max_queued_) {
             // No round boundary in sight: release the older half.
             ++half_flushes_;
             drain(deliver);
@@ -136,8 +134,7 @@ public:
     }
 
     uint64_t out_of_order() const { return out_of_order_; }
-    uint64_t max_time() const { return max_time_; }
-    size_t size() const { return (old_.size() - old_head_) + (new_.size() - new_head_) + pending_.size(); }
+    size_t size() const { return queued_; }
     size_t peak_size() const { return peak_; }
     uint64_t half_flushes() const { return half_flushes_; }
 
@@ -173,9 +170,8 @@ private:
     // up to 13 bits of the time span. Whichever needs fewer passes is used (a
     // 64-CPU round has 64 runs: 6 merge passes against 2-3 radix passes).
     // Both are stable.
-    void sort_pending() {
+    void sort_pending(uint64_t lo, uint64_t hi) {
         if (runs_.empty()) return;
-        const uint64_t lo = pending_lo_, hi = pending_hi_;  // kept by push()
         const unsigned bits = hi > lo ? 64 - static_cast<unsigned>(__builtin_clzll(hi - lo)) : 1;
         const unsigned radix_passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
         // runs_ holds the starts of all runs but the first: ceil(log2(runs)) passes.
@@ -248,7 +244,16 @@ private:
     // any later merge: the order is the same whether they go at once or a
     // few at a time.
     void arrange() {
-        sort_pending();
+        if (!pending_.empty()) {
+            // The round's time span from its runs' ends (each run is sorted).
+            uint64_t lo = pending_.front().time, hi = pending_.back().time;
+            for (const size_t start : runs_) {
+                lo = std::min(lo, pending_[start].time);
+                hi = std::max(hi, pending_[start - 1].time);
+            }
+            max_time_ = std::max(max_time_, hi);
+            sort_pending(lo, hi);
+        }
         if (old_head_ == old_.size()) {
             // The usual case: the older array is all delivered.
             old_.swap(new_);
@@ -291,10 +296,7 @@ private:
         bool any = false;
         if (old_ready_ > old_head_) last = old_[old_ready_ - 1].time, any = true;
         if (new_ready_ > new_head_) last = std::max(last, new_[new_ready_ - 1].time), any = true;
-        if (any) {
-            last_flushed_ = last;
-            flushed_any_ = true;
-        }
+        if (any) last_flushed_ = last;
     }
 
     static constexpr size_t kAhead = 8;
@@ -303,7 +305,9 @@ private:
     // Delivers side[head] (and moves head on), having asked for the header
     // of a record a few entries further on: records are scattered over the
     // round's chunks (a miss per record was the largest cost of a 64-CPU
-    // capture's ordering).
+    // capture's ordering). The queue's reference to the record's chunk goes
+    // with it: deliver() releases it when done with the record (a release
+    // here and a retain there were two more writes per record).
     template <class Deliver>
     void emit_from(const Entries& side, size_t& head, size_t end, RawRecord& r, Deliver& deliver) {
         if (head + kAhead < end) prefetch(side[head + kAhead]);
@@ -314,8 +318,8 @@ private:
         r.compressed = chunks_.compressed(e.chunk);
         r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
         r.chunk = e.chunk;
+        --queued_;
         deliver(r);
-        chunks_.release(r.chunk);
     }
 
     ChunkTable& chunks_;
@@ -323,7 +327,6 @@ private:
     Entries old_, new_;
     size_t old_head_ = 0, old_ready_ = 0, new_head_ = 0, new_ready_ = 0;
     Entries pending_;  // pushed since the last flush, in file order
-    uint64_t pending_lo_ = 0, pending_hi_ = 0;  // their earliest and latest times
     Entries merged_;
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
     std::vector<size_t> bounds_, next_;
@@ -331,11 +334,11 @@ private:
     size_t max_queued_;
     bool swap_;
     uint64_t next_flush_ = 0;
-    uint64_t max_time_ = 0;
+    uint64_t max_time_ = 0;  // of the records arranged so far
     uint64_t last_flushed_ = 0;
-    bool flushed_any_ = false;
     uint64_t out_of_order_ = 0;
     uint64_t half_flushes_ = 0;
+    size_t queued_ = 0;  // records pushed and not yet delivered
     size_t peak_ = 0;
 };
 
