@@ -44,6 +44,7 @@ constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get th
 constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
 // Ready records handed on per read record while the stages' queue has room.
 constexpr size_t kPump = 512;
+constexpr unsigned kPumpEvery = 8;
 
 // What the reader writes for every record, on cache lines of its own (heap,
 // 128-aligned, its size a multiple of 128). As locals of run() these shared
@@ -181,6 +182,7 @@ void Session::run(EventSink& sink) {
             uint64_t next_progress = begin;
             const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
             RawRecord r;
+            unsigned until_pump = 1;
             while (!rd.stopped && rs.next(r)) {
                 if (progress_ && rs.position() >= next_progress) {
                     progress_(rs.position() - begin, end - begin);
@@ -198,8 +200,13 @@ void Session::run(EventSink& sink) {
                 // then wait while it reads the next round: a 64-CPU capture's
                 // rounds are 12 MB, three times what may be in flight), hand it
                 // on whenever the stages' queue has room for another batch.
-                if (threaded && q.ready() && handoff.queued_bytes() + 2 * kBatchBytes <= kInFlightBytes)
-                    q.pump(hand, kPump);
+                // Asked every kPumpEvery records, not every record (the
+                // handoff's shared counter is read when asked): up to kPump
+                // records go per kPumpEvery read, far more than come in.
+                if (threaded && --until_pump == 0) {
+                    until_pump = kPumpEvery;
+                    if (q.ready() && handoff.queued_bytes() + 2 * kBatchBytes <= kInFlightBytes) q.pump(hand, kPump);
+                }
                 if (r.type >= PERF_RECORD_KERNEL_MAX) {
                     q.drain(hand);  // as if released at its round's end, before this record
                     send();

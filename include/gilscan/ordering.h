@@ -68,8 +68,7 @@ public:
         // sorted (kept per record, they were a tenth of push's instructions).
         if (!pending_.empty() && time < pending_.back().time) runs_.push_back(pending_.size());
         pending_.push_back(e);
-        if (++queued_ > peak_) peak_ = queued_;
-        if (queued_ > max_queued_) {
+        if (++queued_ > max_queued_) {
             // No round boundary in sight: release the older half.
             ++half_flushes_;
             drain(deliver);
@@ -94,6 +93,9 @@ public:
     // Delivers up to n ready records.
     template <class Deliver>
     void pump(Deliver&& deliver, size_t n) {
+        // The queue is at its largest before records leave it: here (drain
+        // pumps too), not at every push.
+        peak_ = std::max(peak_, queued_);
         RawRecord r;
         // Mostly one side is ready (a round's records are released with the
         // round after it): each side's run is delivered straight, the two
@@ -135,7 +137,7 @@ public:
 
     uint64_t out_of_order() const { return out_of_order_; }
     size_t size() const { return queued_; }
-    size_t peak_size() const { return peak_; }
+    size_t peak_size() const { return std::max(peak_, queued_); }
     uint64_t half_flushes() const { return half_flushes_; }
 
 private:
