@@ -131,23 +131,28 @@ TEST_CASE("switch-in never recorded (per-process recording): woken time counts a
 }
 
 TEST_CASE("LOST: states of threads last seen on that CPU become unknown until their next event") {
-    SchedRecording r;
-    r.switch_(10, 0, 10, 11, 1, 0);      // 11 sleeps, on CPU 0
-    r.switch_(20, 1, 10, 12, 1, 0);      // 12 sleeps, on CPU 1
-    r.w.lost(r.sw, 5, 30, 0);            // events lost on CPU 0 up to t=30
-    r.waking(60, 1, 10, 13, 11);
-    r.waking(70, 1, 10, 13, 12);
-    Analysis a = analyse_bytes(r.w.build());
-    CHECK(a.stats.lost_events == 5);
-    CHECK(a.stats.lost_by_cpu.at(0) == 5);
-    auto unk = a.spans.of(11, SpanKind::Unknown);
-    REQUIRE(unk.size() == 1);
-    CHECK(unk[0].start == 10);
-    CHECK(unk[0].end == 60);
-    CHECK(a.spans.of(11, SpanKind::Sleep).empty());
-    auto s12 = a.spans.of(12, SpanKind::Sleep);  // other CPU: untouched
-    REQUIRE(s12.size() == 1);
-    CHECK(s12[0].end == 70);
+    // CPU numbers as machines have them, and beyond the timeline's array of
+    // them (a damaged or foreign file): the same result.
+    for (uint32_t c0 : {0u, 5000u}) {
+        CAPTURE(c0);
+        SchedRecording r;
+        r.switch_(10, c0, 10, 11, 1, 0);      // 11 sleeps, on CPU c0
+        r.switch_(20, c0 + 1, 10, 12, 1, 0);  // 12 sleeps, on another CPU
+        r.w.lost(r.sw, 5, 30, c0);            // events lost on CPU c0 up to t=30
+        r.waking(60, c0 + 1, 10, 13, 11);
+        r.waking(70, c0 + 1, 10, 13, 12);
+        Analysis a = analyse_bytes(r.w.build());
+        CHECK(a.stats.lost_events == 5);
+        CHECK(a.stats.lost_by_cpu.at(c0) == 5);
+        auto unk = a.spans.of(11, SpanKind::Unknown);
+        REQUIRE(unk.size() == 1);
+        CHECK(unk[0].start == 10);  // from CPU c0's last event, before the loss was reported
+        CHECK(unk[0].end == 60);
+        CHECK(a.spans.of(11, SpanKind::Sleep).empty());
+        auto s12 = a.spans.of(12, SpanKind::Sleep);  // other CPU: untouched
+        REQUIRE(s12.size() == 1);
+        CHECK(s12[0].end == 70);
+    }
 }
 
 TEST_CASE("exit: the final switch-out (X/Z) ends the thread; a reused tid is a new thread") {

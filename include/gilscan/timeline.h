@@ -24,6 +24,7 @@
 // switch-in targets and wake-up targets, whose states it cannot follow.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -231,7 +232,28 @@ private:
     void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
     IdMap<Thread*> live_;  // tid -> its live entry in all_
-    IdMap<uint64_t> cpu_last_;  // cpu -> time of its last event
+    // cpu -> time of its last event, set by every scheduler event and probe:
+    // an array for the CPU numbers machines have (a hash map's set was a
+    // dozen instructions a record), a map for any other a file may hold.
+    struct CpuLast {
+        static constexpr uint32_t kDense = 1024;
+        std::array<uint64_t, kDense> time{};
+        std::array<bool, kDense> seen{};
+        IdMap<uint64_t> other;
+        void set(uint32_t cpu, uint64_t t) {
+            if (cpu < kDense) [[likely]] {
+                time[cpu] = t;
+                seen[cpu] = true;
+            } else {
+                other.set(cpu, t);
+            }
+        }
+        const uint64_t* find(uint32_t cpu) const {
+            if (cpu < kDense) return seen[cpu] ? &time[cpu] : nullptr;
+            return other.find(cpu);
+        }
+    };
+    CpuLast cpu_last_;
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
     uint64_t last_time_ = 0;
