@@ -479,6 +479,24 @@ TEST_CASE("ordering: 64 CPU runs per round, wide and narrow time spans (radix an
     }
 }
 
+TEST_CASE("ordering: skewed rounds (a burst and a few far apart): large, small and empty buckets, stable on ties") {
+    // Most of a round within 300 ns (ties), one record in eight anywhere in
+    // the span: one bucket holds most entries, others a handful (insertion
+    // sorted) or none. Rounds of 64 x 200 and 64 x 1000 records.
+    for (uint64_t per_cpu : {200u, 1000u})
+    for (uint64_t span : {uint64_t{1} << 20, uint64_t{1} << 26, uint64_t{1} << 40}) {
+        CAPTURE(per_cpu);
+        CAPTURE(span);
+        check_rounds(64, 3, per_cpu, 777, true, [&](uint64_t round, uint64_t r) {
+            return round * span + (r % 8 == 0 ? r % span : r % 300);
+        });
+        // One in 64 at one of 16 times across the span: small buckets of ties.
+        check_rounds(64, 3, per_cpu, 778, false, [&](uint64_t round, uint64_t r) {
+            return round * span + (r % 64 == 0 ? (r / 64 % 16) * (span / 16) : r % 300);
+        });
+    }
+}
+
 TEST_CASE("ordering: rounds overlapping the one before in time, with ties across them, come out as a stable sort") {
     // A round's records may start before the previous round's last ones (the
     // CPU buffers are written one after another) though never before what

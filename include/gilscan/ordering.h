@@ -178,10 +178,12 @@ private:
         const unsigned radix_passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
         // runs_ holds the starts of all runs but the first: ceil(log2(runs)) passes.
         const unsigned merge_passes = 64 - static_cast<unsigned>(__builtin_clzll(runs_.size()));
-        if (radix_passes < merge_passes && pending_.size() >= 4096)
-            radix_sort(lo, radix_passes, (bits + radix_passes - 1) / radix_passes);
-        else
+        if (radix_passes >= merge_passes || pending_.size() < 4096)
             merge_runs();
+        else if (radix_passes == 1)
+            radix_sort(lo, 1, bits);
+        else
+            bucket_sort(lo, bits);
         runs_.clear();
     }
 
@@ -213,6 +215,89 @@ private:
             for (const Entry& e : pending_) merged_[c[((e.time - lo) >> shift) & mask]++] = e;
             pending_.swap(merged_);
         }
+    }
+
+    // Spans of more than one digit (a 64-CPU round spans 2^26 ns): the top
+    // bits first, into buckets of some 512 entries each, then each bucket on
+    // its own by the bits below. Two LSD passes of 13 bits over the whole
+    // round scattered every entry to one of 8192 places 2 MB apart, twice: a
+    // cache miss per entry per pass (16 ns an entry, a fifth of the reader
+    // thread). The top pass writes to a few hundred places, each moving
+    // forward (each CPU's run is sorted), and a bucket's passes stay in L1.
+    // Stable: every pass is a stable counting scatter (or insertion sort).
+    static constexpr size_t kBucketTarget = 512;  // entries: 8 KB, in L1 with its counters
+    static constexpr unsigned kLowDigitBits = 9;   // 512 counters per low pass
+    static constexpr size_t kInsertionMax = 24;   // smaller buckets: insertion sort
+
+    void bucket_sort(uint64_t lo, unsigned bits) {
+        const size_t n = pending_.size();
+        unsigned top = 1;
+        while (top < kMaxDigitBits && (n >> top) > kBucketTarget) ++top;
+        top = std::min(top, bits - 1);
+        const unsigned low = bits - top;
+        const size_t buckets = size_t{1} << top;
+        merged_.resize(n);
+        std::vector<uint32_t>& starts = counts_;
+        starts.assign(buckets + 1, 0);
+        for (const Entry& e : pending_) ++starts[((e.time - lo) >> low) + 1];
+        for (size_t b = 0; b < buckets; ++b) starts[b + 1] += starts[b];
+        // bucket_pos_: where the next entry of each bucket goes.
+        bucket_pos_.assign(starts.begin(), starts.end() - 1);
+        for (const Entry& e : pending_) merged_[bucket_pos_[(e.time - lo) >> low]++] = e;
+        // Each bucket, from merged_, sorted into the same place in pending_.
+        const uint64_t low_mask = (uint64_t{1} << low) - 1;
+        for (size_t b = 0; b < buckets; ++b) {
+            const size_t b0 = starts[b], b1 = starts[b + 1];
+            if (b1 - b0 <= kInsertionMax) {
+                insertion_sort_into(merged_.data() + b0, b1 - b0, pending_.data() + b0);
+                continue;
+            }
+            sort_bucket(b0, b1 - b0, lo, low, low_mask);
+        }
+    }
+
+    // Copies n entries from src to dst, sorted by time, stably.
+    static void insertion_sort_into(const Entry* src, size_t n, Entry* dst) {
+        for (size_t i = 0; i < n; ++i) {
+            const Entry e = src[i];
+            size_t j = i;
+            while (j > 0 && dst[j - 1].time > e.time) {
+                dst[j] = dst[j - 1];
+                --j;
+            }
+            dst[j] = e;
+        }
+    }
+
+    // LSD passes over merged_[b0, b0 + m) by the low bits of the time,
+    // ending in pending_[b0, b0 + m).
+    void sort_bucket(size_t b0, size_t m, uint64_t lo, unsigned low, uint64_t low_mask) {
+        const unsigned passes = (low + kLowDigitBits - 1) / kLowDigitBits;
+        const unsigned digit = (low + passes - 1) / passes;
+        const size_t nb = size_t{1} << digit;
+        const uint64_t mask = nb - 1;
+        uint32_t* c = low_counts_;
+        std::fill(c, c + nb * passes, 0u);
+        Entry* src = merged_.data() + b0;
+        Entry* dst = pending_.data() + b0;
+        for (size_t i = 0; i < m; ++i) {
+            uint64_t k = (src[i].time - lo) & low_mask;
+            for (unsigned p = 0; p < passes; ++p, k >>= digit) ++c[p * nb + (k & mask)];
+        }
+        for (unsigned p = 0; p < passes; ++p) {
+            uint32_t* cp = c + p * nb;
+            uint32_t sum = 0;
+            for (size_t d = 0; d < nb; ++d) {
+                const uint32_t x = cp[d];
+                cp[d] = sum;
+                sum += x;
+            }
+            const unsigned shift = p * digit;
+            for (size_t i = 0; i < m; ++i) dst[cp[(((src[i].time - lo) & low_mask) >> shift) & mask]++] = src[i];
+            std::swap(src, dst);
+        }
+        // After an even number of passes the bucket is back in merged_.
+        if (passes % 2 == 0) std::copy(src, src + m, dst);
     }
 
     void merge_runs() {
@@ -333,6 +418,9 @@ private:
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
     std::vector<size_t> bounds_, next_;
     std::vector<uint32_t> counts_;
+    std::vector<uint32_t> bucket_pos_;
+    // A bucket's low-digit counters (up to 64 bits of span: 8 passes of 8 or 9 bits).
+    uint32_t low_counts_[8 << kLowDigitBits];
     size_t max_queued_;
     bool swap_;
     uint64_t next_flush_ = 0;
