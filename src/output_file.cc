@@ -359,7 +359,11 @@ void OutputFile::write(const char* data, size_t n) {
 }
 
 void OutputFile::commit() {
-    hand_off();
+    // The last buffer is not handed to the writer thread: that would take a
+    // fresh buffer for the unaligned tail, whose first touch zeroes a huge
+    // page (milliseconds on a VM, most of a small trace's run) to carry less
+    // than 4 KiB. It is written here once the writer is idle.
+    if (!writer_.joinable() || aio_) hand_off();
     if (aio_) end_async();
     {
         // Wait for the writer to finish everything queued.
@@ -367,9 +371,16 @@ void OutputFile::commit() {
         cv_.wait(l, [&] { return (full_.empty() && !busy_) || error_; });
     }
     rethrow_writer_error();
-    if (used_) {  // the unaligned tail of a direct-I/O file (the writer is idle)
-        no_direct();
-        raw_write(reinterpret_cast<const char*>(buf_.data()), used_);
+    if (used_) {  // the writer is idle: whole direct-I/O blocks, then the unaligned tail buffered
+        const size_t send = direct_ ? used_ / kDirectBlock * kDirectBlock : used_;
+        if (send) {
+            sink(reinterpret_cast<const char*>(buf_.data()), send, false);
+            file_off_ += send;
+        }
+        if (used_ > send) {
+            no_direct();
+            raw_write(reinterpret_cast<const char*>(buf_.data()) + send, used_ - send);
+        }
         used_ = 0;
     }
     if (codec_) sink(nullptr, 0, true);  // the writer is idle: safe to finish here
