@@ -26,10 +26,12 @@
 //
 // Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
-// run by run (log runs passes) or radix-sorted on their time (a pass per
-// 13 bits of the round's span), whichever takes fewer passes. std::merge
-// takes from its first range on ties (so does ours) and runs are merged in
-// file order, so equal timestamps keep file order without a sequence number.
+// run by run (log runs passes) or radix-sorted on their time (one pass for
+// spans of up to 13 bits; wider ones by their top bits into buckets, then
+// bucket by bucket), whichever takes fewer passes. std::merge takes from
+// its first range on ties (so does ours), runs are merged in file order and
+// every radix pass is a stable scatter, so equal timestamps keep file order
+// without a sequence number.
 // The queue is two sorted arrays, what earlier rounds left (`old`) and the
 // newest round (`new`), merged one record at a time as they are delivered:
 // a round is released at the next round's end, by when the older array is
@@ -167,11 +169,11 @@ private:
     }
 
     // Sorts pending_ (pushed in file order: one sorted run per CPU buffer).
-    // Pairwise merges of the runs cost log2(runs) passes; an LSD radix sort
-    // on the time relative to the batch's minimum costs one pass per digit of
-    // up to 13 bits of the time span. Whichever needs fewer passes is used (a
-    // 64-CPU round has 64 runs: 6 merge passes against 2-3 radix passes).
-    // Both are stable.
+    // Pairwise merges of the runs cost log2(runs) passes; a radix sort on the
+    // time relative to the round's minimum one pass per digit of up to 13
+    // bits of the time span. Whichever needs fewer passes is used (a 64-CPU
+    // round has 64 runs: 6 merge passes against 2 digits); a span of more
+    // than one digit goes by bucket_sort. All are stable.
     void sort_pending(uint64_t lo, uint64_t hi) {
         if (runs_.empty()) return;
         const unsigned bits = hi > lo ? 64 - static_cast<unsigned>(__builtin_clzll(hi - lo)) : 1;
