@@ -246,19 +246,26 @@ private:
         // bucket_pos_: where the next entry of each bucket goes.
         bucket_pos_.assign(starts.begin(), starts.end() - 1);
         for (const Entry& e : pending_) merged_[bucket_pos_[(e.time - lo) >> low]++] = e;
-        // Each bucket, from merged_, sorted into the same place in pending_.
+        // Each bucket, from merged_, sorted into the same place in pending_
+        // (an odd number of low passes) or back into merged_ (even: then the
+        // two arrays swap, rather than each bucket being copied back).
         const uint64_t low_mask = (uint64_t{1} << low) - 1;
+        const unsigned passes = (low + kLowDigitBits - 1) / kLowDigitBits;
+        const unsigned digit = (low + passes - 1) / passes;
+        Entry* const final_place = passes % 2 ? pending_.data() : merged_.data();
         for (size_t b = 0; b < buckets; ++b) {
             const size_t b0 = starts[b], b1 = starts[b + 1];
             if (b1 - b0 <= kInsertionMax) {
-                insertion_sort_into(merged_.data() + b0, b1 - b0, pending_.data() + b0);
+                insertion_sort_into(merged_.data() + b0, b1 - b0, final_place + b0);
                 continue;
             }
-            sort_bucket(b0, b1 - b0, lo, low, low_mask);
+            sort_bucket(b0, b1 - b0, lo, low_mask, passes, digit);
         }
+        if (passes % 2 == 0) pending_.swap(merged_);
     }
 
-    // Copies n entries from src to dst, sorted by time, stably.
+    // Copies n entries from src to dst, sorted by time, stably (src == dst:
+    // sorts in place).
     static void insertion_sort_into(const Entry* src, size_t n, Entry* dst) {
         for (size_t i = 0; i < n; ++i) {
             const Entry e = src[i];
@@ -272,10 +279,8 @@ private:
     }
 
     // LSD passes over merged_[b0, b0 + m) by the low bits of the time,
-    // ending in pending_[b0, b0 + m).
-    void sort_bucket(size_t b0, size_t m, uint64_t lo, unsigned low, uint64_t low_mask) {
-        const unsigned passes = (low + kLowDigitBits - 1) / kLowDigitBits;
-        const unsigned digit = (low + passes - 1) / passes;
+    // between merged_ and pending_: it ends in pending_ after an odd number.
+    void sort_bucket(size_t b0, size_t m, uint64_t lo, uint64_t low_mask, unsigned passes, unsigned digit) {
         const size_t nb = size_t{1} << digit;
         const uint64_t mask = nb - 1;
         uint32_t* c = low_counts_;
@@ -298,8 +303,6 @@ private:
             for (size_t i = 0; i < m; ++i) dst[cp[(((src[i].time - lo) & low_mask) >> shift) & mask]++] = src[i];
             std::swap(src, dst);
         }
-        // After an even number of passes the bucket is back in merged_.
-        if (passes % 2 == 0) std::copy(src, src + m, dst);
     }
 
     void merge_runs() {
