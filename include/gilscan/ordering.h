@@ -195,6 +195,17 @@ private:
     // digits took three (about 4% of the reader thread).
     static constexpr unsigned kMaxDigitBits = 13;
 
+    // A digit's counts become where each digit's entries start (a stable
+    // counting scatter writes them from there on).
+    static void counts_to_starts(uint32_t* c, size_t n) {
+        uint32_t sum = 0;
+        for (size_t d = 0; d < n; ++d) {
+            const uint32_t x = c[d];
+            c[d] = sum;
+            sum += x;
+        }
+    }
+
     void radix_sort(uint64_t lo, unsigned passes, unsigned digit_bits) {
         const size_t buckets = size_t{1} << digit_bits;
         const uint64_t mask = buckets - 1;
@@ -207,12 +218,7 @@ private:
         }
         for (unsigned p = 0; p < passes; ++p) {
             uint32_t* c = counts.data() + p * buckets;
-            uint32_t sum = 0;
-            for (size_t b = 0; b < buckets; ++b) {
-                const uint32_t n = c[b];
-                c[b] = sum;
-                sum += n;
-            }
+            counts_to_starts(c, buckets);
             const unsigned shift = p * digit_bits;
             for (const Entry& e : pending_) merged_[c[((e.time - lo) >> shift) & mask]++] = e;
             pending_.swap(merged_);
@@ -293,12 +299,7 @@ private:
         }
         for (unsigned p = 0; p < passes; ++p) {
             uint32_t* cp = c + p * nb;
-            uint32_t sum = 0;
-            for (size_t d = 0; d < nb; ++d) {
-                const uint32_t x = cp[d];
-                cp[d] = sum;
-                sum += x;
-            }
+            counts_to_starts(cp, nb);
             const unsigned shift = p * digit;
             for (size_t i = 0; i < m; ++i) dst[cp[(((src[i].time - lo) & low_mask) >> shift) & mask]++] = src[i];
             std::swap(src, dst);
