@@ -245,13 +245,12 @@ private:
         const unsigned low = bits - top;
         const size_t buckets = size_t{1} << top;
         merged_.resize(n);
-        std::vector<uint32_t>& starts = counts_;
-        starts.assign(buckets + 1, 0);
-        for (const Entry& e : pending_) ++starts[((e.time - lo) >> low) + 1];
-        for (size_t b = 0; b < buckets; ++b) starts[b + 1] += starts[b];
-        // bucket_pos_: where the next entry of each bucket goes.
-        bucket_pos_.assign(starts.begin(), starts.end() - 1);
-        for (const Entry& e : pending_) merged_[bucket_pos_[(e.time - lo) >> low]++] = e;
+        std::vector<uint32_t>& c = counts_;
+        c.assign(buckets, 0);
+        for (const Entry& e : pending_) ++c[(e.time - lo) >> low];
+        counts_to_starts(c.data(), buckets);
+        for (const Entry& e : pending_) merged_[c[(e.time - lo) >> low]++] = e;
+        // Now c[b] is where bucket b ends, and so where b + 1 starts.
         // Each bucket, from merged_, sorted into the same place in pending_
         // (an odd number of low passes) or back into merged_ (even: then the
         // two arrays swap, rather than each bucket being copied back).
@@ -260,7 +259,7 @@ private:
         const unsigned digit = (low + passes - 1) / passes;
         Entry* const final_place = passes % 2 ? pending_.data() : merged_.data();
         for (size_t b = 0; b < buckets; ++b) {
-            const size_t b0 = starts[b], b1 = starts[b + 1];
+            const size_t b0 = b ? c[b - 1] : 0, b1 = c[b];
             if (b1 - b0 <= kInsertionMax) {
                 insertion_sort_into(merged_.data() + b0, b1 - b0, final_place + b0);
                 continue;
@@ -424,7 +423,6 @@ private:
     std::vector<size_t> runs_;    // where a new sorted run starts in pending_
     std::vector<size_t> bounds_, next_;
     std::vector<uint32_t> counts_;
-    std::vector<uint32_t> bucket_pos_;
     // A bucket's low-digit counters (up to 64 bits of span: 8 passes of 8 or 9 bits).
     uint32_t low_counts_[8 << kLowDigitBits];
     size_t max_queued_;
