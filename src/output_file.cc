@@ -373,10 +373,7 @@ void OutputFile::commit() {
     rethrow_writer_error();
     if (used_) {  // the writer is idle: whole direct-I/O blocks, then the unaligned tail buffered
         const size_t send = direct_ ? used_ / kDirectBlock * kDirectBlock : used_;
-        if (send) {
-            sink(reinterpret_cast<const char*>(buf_.data()), send, false);
-            file_off_ += send;
-        }
+        if (send) sink(reinterpret_cast<const char*>(buf_.data()), send, false);
         if (used_ > send) {
             no_direct();
             raw_write(reinterpret_cast<const char*>(buf_.data()) + send, used_ - send);
