@@ -29,15 +29,23 @@ struct CapstoneLib {
     decltype(&::cs_close) close = nullptr;
     decltype(&::cs_disasm) disasm = nullptr;
     decltype(&::cs_free) free = nullptr;
+    std::string error;  // why it is not loaded (dlerror), for the locator's notes
     CapstoneLib() {
         void* so = ::dlopen(kCapstoneSoname, RTLD_NOW | RTLD_LOCAL);
-        if (!so) return;
+        if (!so) {
+            const char* e = ::dlerror();
+            error = e ? e : "dlopen failed";
+            return;
+        }
         open = reinterpret_cast<decltype(open)>(::dlsym(so, "cs_open"));
         option = reinterpret_cast<decltype(option)>(::dlsym(so, "cs_option"));
         close = reinterpret_cast<decltype(close)>(::dlsym(so, "cs_close"));
         disasm = reinterpret_cast<decltype(disasm)>(::dlsym(so, "cs_disasm"));
         free = reinterpret_cast<decltype(free)>(::dlsym(so, "cs_free"));
-        if (!open || !option || !close || !disasm || !free) open = nullptr;
+        if (!open || !option || !close || !disasm || !free) {
+            open = nullptr;
+            error = std::string(kCapstoneSoname) + " lacks a cs_* function";
+        }
     }
 };
 
@@ -365,8 +373,7 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
     }
     // 2. Without symbols: follow the exported callers.
     if (!capstone_lib().open) {
-        loc.notes.push_back(std::string("cannot disassemble: ") + kCapstoneSoname +
-                            " could not be loaded (install the capstone library)");
+        loc.notes.push_back("cannot disassemble: " + capstone_lib().error + " (install the capstone library)");
         return loc;
     }
     auto plt = plt_stub_names(elf);
