@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <linux/aio_abi.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -41,22 +42,36 @@ struct OutputFile::Codec {
     }
 };
 
+void OutputFile::open_codec() {
+    if (path_.ends_with(".gz")) {
+        codec_ = std::make_unique<Codec>();
+        codec_->gzip = true;
+        if (deflateInit2(&codec_->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+            throw Error(path_, Error::no_offset, "zlib initialisation failed");
+    } else if (path_.ends_with(".zst")) {
+        codec_ = std::make_unique<Codec>();
+        codec_->zstd = ZSTD_createCCtx();
+        ZSTD_CCtx_setParameter(codec_->zstd, ZSTD_c_compressionLevel, 3);
+    }
+}
+
 OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(path)), buf_(kBufferSize) {
+    struct stat st {};
     if (path_ == "-") {
-        stdout_ = true;
+        in_place_ = true;
         std::fflush(stdout);
         fd_ = STDOUT_FILENO;
+    } else if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        // /dev/null, a FIFO, a terminal: written as it is. A temporary renamed
+        // over it would replace the device node itself with a regular file
+        // (as root, `-o /dev/null` did). No atomicity there, as for stdout.
+        in_place_ = true;
+        fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
+        owns_fd_ = true;
+        if (path_.ends_with(".gz") || path_.ends_with(".zst")) open_codec();
     } else {
-        if (path_.ends_with(".gz")) {
-            codec_ = std::make_unique<Codec>();
-            codec_->gzip = true;
-            if (deflateInit2(&codec_->z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-                throw Error(path_, Error::no_offset, "zlib initialisation failed");
-        } else if (path_.ends_with(".zst")) {
-            codec_ = std::make_unique<Codec>();
-            codec_->zstd = ZSTD_createCCtx();
-            ZSTD_CCtx_setParameter(codec_->zstd, ZSTD_c_compressionLevel, 3);
-        }
+        open_codec();
         tmp_ = path_ + ".tmp." + std::to_string(::getpid());
         // Uncompressed traces are large and written once: O_DIRECT skips the
         // page cache copy (on this project's VM a buffered write costs a core
@@ -70,7 +85,7 @@ OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(p
         if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
     }
     if (!writer_thread) {
-        may_aio_ = direct_ && !codec_ && !stdout_;
+        may_aio_ = direct_ && !codec_ && !in_place_;
         return;
     }
     writer_ = std::thread([this] {
@@ -80,7 +95,7 @@ OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(p
 }
 
 OutputFile::~OutputFile() {
-    if (stdout_ && !committed_) {
+    if (in_place_ && !committed_) {
         // Whatever was produced goes out (there is no temporary to drop).
         try {
             hand_off();
@@ -93,9 +108,11 @@ OutputFile::~OutputFile() {
         sys_io_destroy(aio_);
         aio_ = 0;
     }
-    if (!stdout_) {
+    if (!in_place_) {
         if (fd_ >= 0) ::close(fd_);
         if (!committed_) std::remove(tmp_.c_str());
+    } else if (owns_fd_ && fd_ >= 0) {
+        ::close(fd_);
     }
 }
 
@@ -104,7 +121,7 @@ void OutputFile::stop_writer() {
     {
         std::lock_guard<std::mutex> l(mu_);
         done_ = true;
-        if (!committed_ && !stdout_) full_.clear();  // an abandoned file: nothing more to write
+        if (!committed_ && !in_place_) full_.clear();  // an abandoned file: nothing more to write
     }
     cv_.notify_all();
     writer_.join();
@@ -384,7 +401,12 @@ void OutputFile::commit() {
     // Asynchronous writes extended the file ahead of them: cut it to what was written.
     if (extended_to_ > written_ && ::ftruncate(fd_, static_cast<off_t>(written_)) != 0)
         fail_write();
-    if (stdout_) {
+    if (in_place_) {
+        if (owns_fd_) {
+            const int fd = fd_;
+            fd_ = -1;
+            if (::close(fd) != 0) fail_write();
+        }
         committed_ = true;
         return;
     }

@@ -186,6 +186,38 @@ with tempfile.TemporaryDirectory() as tmp:
     unz = subprocess.run(["zstd", "-dc", os.path.join(tmp, "trace.json.zst")], capture_output=True).stdout
     check(unz == open(plain_trace, "rb").read(), ".json.zst content")
 
+    # Targets that are not regular files are written as they are: a
+    # temporary renamed over /dev/null replaced the device node with a file
+    # (as root). A private node equal to /dev/null, so that a regression
+    # costs this test's node, not the machine's; and a FIFO, read as it is written.
+    import stat
+    import threading
+    dev = os.path.join(tmp, "null")
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError:
+        dev = None
+    if dev:
+        for j in ("1", "2"):
+            r = run(os.path.join(DATA, "plain.data"), "-q", "-j", j, "-o", dev, "--summary-json", dev)
+            check(r.returncode == 0 and stat.S_ISCHR(os.lstat(dev).st_mode),
+                  f"-o /dev/null (-j {j}) writes to the device and leaves it one ({r.stderr[:200]})")
+        check(not glob.glob(os.path.join(tmp, "null.tmp.*")), "no temporary beside the device")
+    fifo = os.path.join(tmp, "trace.fifo")
+    os.mkfifo(fifo)
+    for j in ("1", "2"):
+        got = []
+        reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+        reader.start()
+        # A write end of the test's own, held until gilscan is done: the reader
+        # then ends whether gilscan wrote into the FIFO or (wrongly) elsewhere.
+        ours = os.open(fifo, os.O_WRONLY)
+        r = run(os.path.join(DATA, "plain.data"), "-q", "-j", j, "-o", fifo)
+        os.close(ours)
+        reader.join()
+        check(r.returncode == 0 and got == [open(plain_trace, "rb").read()] and stat.S_ISFIFO(os.lstat(fifo).st_mode),
+              f"-o FIFO (-j {j}): the whole trace through it, the FIFO left as it was")
+
     # Truncated: partial results, warning with the byte offset, exit 0
     r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
     check(r.returncode == 0, "truncated file exits 0")

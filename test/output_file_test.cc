@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 
 #include <fcntl.h>
@@ -15,6 +16,8 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -263,4 +266,86 @@ TEST_CASE("output: .zst by name decompresses to what was written") {
 
 TEST_CASE("output: a directory that does not exist is an error at open") {
     CHECK_THROWS_AS(OutputFile("/nonexistent-dir/x.json"), Error);
+}
+
+namespace {
+
+// A private character device equal to /dev/null (1,3), in the scratch
+// directory: if OutputFile renamed over it, only this node is lost, never the
+// machine's /dev/null (the tests run as root). Empty if mknod is not allowed.
+std::optional<fs::path> private_null(const std::string& name) {
+    const fs::path p = scratch(name);
+    if (::mknod(p.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) return std::nullopt;
+    return p;
+}
+
+bool is_char_device(const fs::path& p) {
+    struct stat st {};
+    return ::lstat(p.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+}  // namespace
+
+TEST_CASE("output: a character device (/dev/null) is written as it is, never replaced by a file") {
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
+    const auto dev = private_null("null");
+    if (!dev) {
+        MESSAGE("mknod not allowed here (not root): the FIFO case below covers writing in place");
+        return;
+    }
+    {
+        OutputFile out(dev->string(), writer_thread);
+        out.write(std::string(9u << 20, 'x'));  // several buffers through the writer
+        out.commit();
+        CHECK(out.bytes_written() == (9u << 20));
+    }
+    CHECK(is_char_device(*dev));
+    for (const auto& e : fs::directory_iterator(dev->parent_path()))  // no temporary beside it
+        CHECK(e.path().filename().string().find("null.tmp.") == std::string::npos);
+    {
+        OutputFile out(dev->string(), writer_thread);  // abandoned: the device stays
+        out.write(std::string(100, 'y'));
+    }
+    CHECK(is_char_device(*dev));
+    fs::remove(*dev);
+}
+
+TEST_CASE("output: a FIFO gets every byte in order and stays a FIFO") {
+    bool writer_thread = true;
+    SUBCASE("writer thread") {}
+    SUBCASE("no writer thread") { writer_thread = false; }
+    const fs::path p = scratch("pipe");
+    REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
+    std::string got;
+    std::thread reader([&] {
+        std::ifstream in(p, std::ios::binary);
+        std::ostringstream all;
+        all << in.rdbuf();
+        got = all.str();
+    });
+    // The test keeps a write end of its own open until the output is done:
+    // the reader then always reaches end-of-file, with the bytes if they went
+    // into the FIFO, with none if they went elsewhere (a temporary renamed over
+    // its name), so a wrong OutputFile fails the test instead of hanging it.
+    const int ours = ::open(p.c_str(), O_WRONLY);  // waits for the reader's open
+    REQUIRE(ours >= 0);
+    std::string expect;
+    {
+        OutputFile out(p.string(), writer_thread);
+        for (int i = 0; expect.size() < (10u << 20) + 77; ++i) {
+            std::string line = "{\"i\":" + std::to_string(i) + "},\n";
+            out.write(line);
+            expect += line;
+        }
+        out.commit();
+    }
+    ::close(ours);
+    reader.join();
+    CHECK(got.size() == expect.size());
+    CHECK((got == expect));  // not decomposed: doctest would print 10 MiB twice
+    struct stat st {};
+    CHECK((::lstat(p.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)));
+    fs::remove(p);
 }

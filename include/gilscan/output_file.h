@@ -8,7 +8,8 @@
 //   out.advance(k);           //   ... k of them used
 //   out.commit();             // flush, fsync-free rename into place
 //
-// "-" writes to stdout (no atomicity possible there). A name ending in
+// "-" writes to stdout, and a NAME that exists and is not a regular file
+// (/dev/null, a FIFO) is written as it is: no atomicity possible there. A name ending in
 // ".gz" is written gzip-compressed (zlib), ".zst" zstd-compressed, streamed.
 //
 // Full 4 MiB buffers are compressed and written by a background thread, so
@@ -77,6 +78,7 @@ public:
 private:
     void hand_off();  // queue the current buffer for the writer thread
     void writer_loop();
+    void open_codec();  // by the name's ending: .gz, .zst, else none
     void sink(const char* data, size_t n, bool finish);  // compress (or not) and write
     void raw_write(const char* p, size_t n);
     void stop_writer();
@@ -115,7 +117,8 @@ private:
     size_t used_ = 0;
     uint64_t written_ = 0;
     bool committed_ = false;
-    bool stdout_ = false;
+    bool in_place_ = false;  // no temporary: "-" (stdout) or a target that is not a regular file
+    bool owns_fd_ = false;   // in place, opened here (not stdout): closed by commit()
 
     // Writer thread: full buffers in, empty buffers back.
     std::mutex mu_;
