@@ -56,6 +56,7 @@ void OutputFile::open_codec() {
 }
 
 OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(path)), buf_(kBufferSize) {
+    if (path_ != "-") open_codec();  // by name, whether written in place or not
     struct stat st {};
     if (path_ == "-") {
         in_place_ = true;
@@ -69,9 +70,7 @@ OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(p
         fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
         if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
         owns_fd_ = true;
-        if (path_.ends_with(".gz") || path_.ends_with(".zst")) open_codec();
     } else {
-        open_codec();
         tmp_ = path_ + ".tmp." + std::to_string(::getpid());
         // Uncompressed traces are large and written once: O_DIRECT skips the
         // page cache copy (on this project's VM a buffered write costs a core
