@@ -6,8 +6,8 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <chrono>
