@@ -335,7 +335,19 @@ TEST_CASE("output: a FIFO gets every byte in order and stays a FIFO") {
     // the reader then always reaches end-of-file, with the bytes if they went
     // into the FIFO, with none if they went elsewhere (a temporary renamed over
     // its name), so a wrong OutputFile fails the test instead of hanging it.
-    const int ours = ::open(p.c_str(), O_WRONLY);  // waits for the reader's open
+    int ours = ::open(p.c_str(), O_WRONLY);  // waits for the reader's open
+    // On every way out (an OutputFile that throws too): our end closed, the
+    // reader joined, so a failure is this test's, not std::terminate's.
+    struct Finish {
+        int& fd;
+        std::thread& t;
+        void operator()() {
+            if (fd >= 0) ::close(fd);
+            fd = -1;
+            if (t.joinable()) t.join();
+        }
+        ~Finish() { (*this)(); }
+    } finish{ours, reader};
     REQUIRE(ours >= 0);
     std::string expect;
     {
@@ -347,8 +359,7 @@ TEST_CASE("output: a FIFO gets every byte in order and stays a FIFO") {
         }
         out.commit();
     }
-    ::close(ours);
-    reader.join();
+    finish();
     CHECK(got.size() == expect.size());
     CHECK((got == expect));  // not decomposed: doctest would print 10 MiB twice
     struct stat st {};
