@@ -76,12 +76,12 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     for (const auto& ev : session.events()) can_have_stacks |= (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
     const bool reader_stacks = !one_thread && !workers && opt.gil_evidence != "probes" && can_have_stacks &&
                                opt.reader_stacks.value_or(true);
-    // The two classifiers share frame names (and so load each module's DWARF once).
+    // The two classifiers share frame names; each names the frames it meets
+    // first through its own Dwfl, at the same time as the other (no shared
+    // symbolizer: see NameCache::pending).
     std::shared_ptr<GilStackClassifier::NameCache> names;
-    if (reader_stacks) {
+    if (reader_stacks)
         names = std::make_shared<GilStackClassifier::NameCache>(session.features().os_release, opt.sleep_stacks > 0);
-        if (opt.sleep_stacks) names->symbolizer = std::make_unique<DwarfUnwinder>(modules);
-    }
     // (With workers this one is unused, and reads no kernel symbols.)
     GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release,
                               names, !one_thread);

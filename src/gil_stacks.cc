@@ -160,6 +160,7 @@ const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, u
     if (shared_names_) l.lock();
     auto& shared = names_->names[layout];
     auto sh = shared.find(f.pc);
+    if (sh == shared.end() && local && !names_->symbolizer) return name_unlocked(l, layout, f, *local);
     if (sh == shared.end()) {
         Frame g = f;
         if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
@@ -169,6 +170,52 @@ const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, u
     std::string j = sh->second;
     l.unlock();
     return local->emplace(f.pc, std::move(j)).first->second;
+}
+
+namespace {
+const std::string kNoName;  // a frame's text in a label that is being abandoned
+}
+
+// A frame missing from the shared cache, named through this classifier's own
+// Dwfl with the lock released (`l` holds it on entry and on return): libdw
+// takes 0.05-1.5 ms to name one frame (a linear search of the symbol table,
+// then a walk of the compilation unit's DIEs for the inlined call), and the
+// first stacks of a run bring hundreds of new frames. Under the lock, -j 2's
+// threads named them one at a time, and the reader waited for the stages.
+// The text is the same whichever Dwfl names a frame: a function of its
+// module's files and its pc, which is also what -j 1 writes.
+const std::string& GilStackClassifier::name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout,
+                                                     const Frame& f, std::unordered_map<uint64_t, std::string>& local) {
+    const std::pair<uint64_t, uint64_t> key{layout, f.pc};
+    auto& shared = names_->names[layout];  // element references survive rehashing
+    while (names_->pending.count(key)) {   // another thread is naming it
+        if (never_wait_) {
+            abandoned_ = true;
+            return kNoName;
+        }
+        names_->named.wait(l);
+    }
+    auto sh = shared.find(f.pc);
+    if (sh == shared.end()) {
+        names_->pending.insert(key);
+        l.unlock();
+        std::string j;
+        try {
+            j = names_json(describe_frame(f));
+        } catch (...) {
+            l.lock();
+            names_->pending.erase(key);
+            names_->named.notify_all();
+            throw;
+        }
+        l.lock();
+        names_->pending.erase(key);
+        sh = shared.emplace(f.pc, std::move(j)).first;
+        names_->named.notify_all();
+    }
+    std::string copy = sh->second;
+    l.unlock();
+    return local.emplace(f.pc, std::move(copy)).first->second;
 }
 
 bool GilStackClassifier::maps_python(const AddressSpace& as) {
@@ -200,6 +247,8 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // own) keeps its strings' capacity, so a warm classifier allocates
     // nothing per sleep here.
     label.clear();
+    abandoned_ = false;
+    const StackStats before = stats_;
     ++stats_.sleeps_seen;
     if (s.regs_user_abi == 0 || s.stack_user.empty()) {
         ++stats_.no_stack;
@@ -238,12 +287,25 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // (A deferred read, -j 1, happens at the first kernel frame: nothing to overlap.)
     const bool kernel_last =
         stack_frames_ && ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
+    // Never waiting: the user frames are named all the same (the stages
+    // will want them), the kernel frames are not waited for.
+    if (kernel_last && never_wait_) abandoned_ = true;
     if (stack_frames_ && !kernel_last) add_kernel_frames();
+    // The reader's classifier (-j 2) names a stack's new frames outermost
+    // first, after the unwind: the stages' thread, meeting the same new
+    // stacks at the same time, names them innermost first, and the two
+    // meet in the middle instead of one waiting for each frame the other
+    // has just begun.
+    const bool named_last = never_wait_ && shared_names_ && !names_->symbolizer && stack_frames_;
+    frames_.clear();
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
-        if (stack_frames_ && f.mapping) add_json(user_frame_json(*as, layout, f));
+        if (stack_frames_ && f.mapping) {
+            if (named_last) frames_.push_back(f);
+            else add_json(user_frame_json(*as, layout, f));
+        }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
         char where[256];
@@ -267,6 +329,16 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
     UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_frames);
+    if (named_last) {
+        for (size_t i = frames_.size(); i-- > 0;) user_frame_json(*as, layout, frames_[i]);
+        if (!abandoned_)
+            for (const Frame& f : frames_) add_json(user_frame_json(*as, layout, f));  // each now in the local cache
+    }
+    if (abandoned_) {
+        label.clear();
+        stats_ = before;
+        return;
+    }
     if (kernel_last) {
         std::string user = std::move(stack);  // "[" and the user frames, or empty
         stack.clear();

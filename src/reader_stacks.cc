@@ -8,7 +8,9 @@ ReaderStacks::ReaderStacks(ModuleCache& modules, std::shared_ptr<GilStackClassif
                            unsigned stack_frames, const std::string& kernel_release, bool swap, bool stop_at_probes)
     : gsc_(nullptr, modules, stack_frames, kernel_release, std::move(names)),
       swap_(swap),
-      stop_at_probes_(stop_at_probes) {}
+      stop_at_probes_(stop_at_probes) {
+    gsc_.set_never_wait(true);  // a sleep whose label would wait for the stages is theirs: the reader reads on
+}
 
 TpKind ReaderStacks::probe_kind(const EventInfo& ev) {
     const size_t i = static_cast<size_t>(ev.index);
@@ -85,6 +87,11 @@ const ReaderStacks::Note* ReaderStacks::classify(const Sample& s, const EventInf
     }
     const StackStats before = gsc_.stats();
     gsc_.classify_into(maps_.space(s.pid), s, n->label);
+    if (gsc_.abandoned()) {
+        free_.push_back(n);
+        ++abandoned_;
+        return nullptr;
+    }
     n->delta = gsc_.stats();
     n->delta -= before;
     ++made_;

@@ -10,9 +10,11 @@
 #include <iterator>
 #include <map>
 #include <sstream>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <sys/utsname.h>
@@ -198,4 +200,143 @@ TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (
     CHECK(same == sleeps);
     CHECK(stacks > 100);
     CHECK(with_kernel == stacks);  // every stack has its kernel part
+}
+
+namespace {
+
+// The sleeps of stacks_py311.data, classified by a reference classifier with
+// a cache of its own; `each` gets every sleep with a user stack, its event,
+// state and the reference label.
+template <class F>
+void for_each_stack_sleep(ProcessMaps& maps, ModuleCache& modules, const std::string& release, F&& each) {
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    GilStackClassifier ref(&maps, modules, 64, release, nullptr, /*background=*/false);
+    Collect sink;
+    Timeline tl(s, sink);
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        ref.classify(smp, ev, ps, label);
+        if (ps.cls == StateClass::Sleeping && label.stack_json.find("(libpython") != std::string::npos)
+            each(smp, ev, ps, label);
+    });
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+    s.run(stages);
+}
+
+size_t named_frames(GilStackClassifier::NameCache& names) {
+    std::lock_guard<std::mutex> l(names.mu);
+    size_t n = 0;
+    for (const auto& [layout, pcs] : names.names) n += pcs.size();
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leaves that sleep, naming the rest") {
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    const std::string release = Session(std::string(GILSCAN_TESTDATA) + "/stacks_py311.data").features().os_release;
+    // Both share `names` without a symbolizer, as -j 2's two threads do
+    // (its kernel symbols read already).
+    std::promise<std::shared_ptr<const KernelSymbols>> ready;
+    ready.set_value(std::make_shared<KernelSymbols>(release));
+    auto names = std::make_shared<GilStackClassifier::NameCache>(release, false);
+    names->ksyms = ready.get_future().share();
+    GilStackClassifier reader(&maps, modules, 64, release, names);
+    reader.set_never_wait(true);
+    auto own = std::make_shared<GilStackClassifier::NameCache>(release, false);  // to learn a stack's frames
+    own->ksyms = names->ksyms;
+    GilStackClassifier probe(&maps, modules, 64, release, own);
+    uint64_t sleeps = 0, same = 0;
+    bool checked_abandon = false;
+    for_each_stack_sleep(maps, modules, release, [&](const Sample& smp, const EventInfo& ev, const PrevState& ps,
+                                                     const SleepLabel& want) {
+        ++sleeps;
+        SleepLabel got;
+        if (!checked_abandon) {
+            // This stack's frames, as keys of the cache.
+            probe.classify(smp, ev, ps, got);
+            std::set<std::pair<uint64_t, uint64_t>> keys;
+            {
+                std::lock_guard<std::mutex> l(own->mu);
+                for (const auto& [layout, pcs] : own->names)
+                    for (const auto& [pc, text] : pcs) keys.insert({layout, pc});
+            }
+            REQUIRE(keys.size() >= 3);
+            // The innermost... any one frame "being named" by the other thread.
+            const auto busy = *keys.begin();
+            {
+                std::lock_guard<std::mutex> l(names->mu);
+                names->pending.insert(busy);
+            }
+            const StackStats before = reader.stats();
+            reader.classify(smp, ev, ps, got);
+            CHECK(reader.abandoned());
+            CHECK(got.name.empty());
+            CHECK(got.stack_json.empty());
+            CHECK(reader.stats().sleeps_seen == before.sleeps_seen);
+            CHECK(reader.stats().decided == before.decided);
+            CHECK(named_frames(*names) == keys.size() - 1);  // every other frame named meanwhile
+            // A classifier that waits (the stages') blocks on that frame and
+            // takes the other thread's text for it.
+            GilStackClassifier stages(&maps, modules, 64, release, names);
+            std::atomic<bool> done{false};
+            SleepLabel waited;
+            std::thread t([&] {
+                stages.classify(smp, ev, ps, waited);
+                done = true;
+            });
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            CHECK_FALSE(done.load());
+            {
+                std::lock_guard<std::mutex> l(names->mu);
+                names->names[busy.first].emplace(busy.second, "\"named by the other thread\"");
+                names->pending.erase(busy);
+            }
+            names->named.notify_all();
+            t.join();
+            CHECK_FALSE(stages.abandoned());
+            CHECK(waited.stack_json.find("\"named by the other thread\"") != std::string::npos);
+            {
+                std::lock_guard<std::mutex> l(names->mu);  // its real text, for the sleeps below
+                names->names[busy.first].erase(busy.second);
+            }
+            checked_abandon = true;
+        }
+        reader.classify(smp, ev, ps, got);
+        CHECK_FALSE(reader.abandoned());
+        same += got.name == want.name && got.evidence == want.evidence && got.stack_json == want.stack_json;
+    });
+    CHECK(checked_abandon);
+    CHECK(sleeps > 100);
+    CHECK(same == sleeps);
+}
+
+TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user frames and leaves the sleep") {
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    const std::string release = Session(std::string(GILSCAN_TESTDATA) + "/stacks_py311.data").features().os_release;
+    auto names = std::make_shared<GilStackClassifier::NameCache>(release, false);
+    std::promise<std::shared_ptr<const KernelSymbols>> later;
+    names->ksyms = later.get_future().share();
+    GilStackClassifier reader(&maps, modules, 64, release, names);
+    reader.set_never_wait(true);
+    uint64_t sleeps = 0, same = 0, abandoned = 0;
+    for_each_stack_sleep(maps, modules, release, [&](const Sample& smp, const EventInfo& ev, const PrevState& ps,
+                                                     const SleepLabel& want) {
+        SleepLabel got;
+        if (sleeps++ == 0) {
+            reader.classify(smp, ev, ps, got);
+            abandoned += reader.abandoned();
+            CHECK(got.stack_json.empty());
+            CHECK(named_frames(*names) >= 3);  // its user frames
+            later.set_value(std::make_shared<KernelSymbols>(release));
+        }
+        reader.classify(smp, ev, ps, got);
+        CHECK_FALSE(reader.abandoned());
+        same += got.name == want.name && got.evidence == want.evidence && got.stack_json == want.stack_json;
+    });
+    CHECK(abandoned == 1);
+    CHECK(sleeps > 100);
+    CHECK(same == sleeps);
 }

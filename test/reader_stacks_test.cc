@@ -4,7 +4,9 @@
 // on real recordings by golden_test's -j comparison.
 #include <doctest/doctest.h>
 
+#include <future>
 #include <map>
+#include <mutex>
 
 #include "gilscan/reader_stacks.h"
 #include "test_util.h"
@@ -119,4 +121,38 @@ TEST_CASE("reader stage: inline reading (no reader thread) runs no stage") {
     CHECK(sink.samples == 1);
     CHECK(sink.noted == 0);
     CHECK(ahead.notes_made() == 0);
+}
+
+TEST_CASE("reader stage: a sleep whose label would wait for another thread is left to the stages") {
+    // Real stacks (testdata) while /proc/kallsyms is still "being read"
+    // (a future never made ready here): the reader names the user frames of
+    // each sleep but makes no note, so every sleep reaches the stages without
+    // one, and the stages classify it.
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    s.set_threaded(true);
+    ModuleCache modules{ModuleOptions{}};
+    const std::string release = s.features().os_release;
+    auto names = std::make_shared<GilStackClassifier::NameCache>(release, false);
+    std::promise<std::shared_ptr<const KernelSymbols>> never;
+    names->ksyms = never.get_future().share();
+    ReaderStacks ahead(modules, names, 64, release, s.swap(), true);
+    ahead.set_always(true);
+    s.set_reader_stage(&ahead);
+    struct Sink : EventSink {
+        uint64_t samples = 0, noted = 0;
+        void on_sample(const Sample& smp, const EventInfo&) override {
+            ++samples;
+            noted += smp.note != nullptr;
+        }
+    } sink;
+    s.run(sink);
+    CHECK(sink.samples > 400);
+    CHECK(sink.noted == 0);
+    CHECK(ahead.notes_made() == 0);
+    CHECK(ahead.notes_abandoned() > 100);
+    std::lock_guard<std::mutex> l(names->mu);
+    size_t named = 0;
+    for (const auto& [layout, pcs] : names->names) named += pcs.size();
+    CHECK(named > 10);  // the user frames, named for the stages
 }

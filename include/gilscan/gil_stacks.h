@@ -15,10 +15,12 @@
 // name, so a stripped Debian python3 classifies like a pyenv one.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <future>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,10 +94,14 @@ public:
     // Symbolized frames by (address space layout, pc), shared between the
     // classifiers of -j workers: libdw's symbol and inline lookups are slow
     // and the same frames recur in nearly every stack. A classifier sharing
-    // the cache keeps a private copy of what it used (no lock per frame); a
-    // miss takes the lock, and is symbolized once for all workers through one `symbolizer`
-    // Dwfl, so a module's DWARF is read and decompressed once, not per
-    // worker. The kernel's symbols are read from /proc/kallsyms on a
+    // the cache keeps a private copy of what it used (no lock per frame).
+    // From -j 3 a miss takes the lock, and is symbolized once for all
+    // workers through one `symbolizer` Dwfl, so a module's DWARF is read and
+    // decompressed once, not per worker. At -j 2 (no symbolizer) each of the
+    // two threads names its misses through its own Dwfl, outside the lock and
+    // at the same time as the other (`pending`): the first stacks of a run
+    // bring hundreds of new frames, tens of milliseconds of libdw work that
+    // one thread did while the other waited. The kernel's symbols are read from /proc/kallsyms on a
     // background thread as soon as the cache is made (that read costs tens
     // of milliseconds of kernel time).
     struct NameCache {
@@ -106,7 +112,16 @@ public:
         std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> names;
         std::unordered_map<uint64_t, std::string> kernel;  // kernel address -> its name as a JSON string
         std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms;
-        std::unique_ptr<DwarfUnwinder> symbolizer;  // nullptr: each classifier's own Dwfl (-j 1)
+        // nullptr: each classifier names frames through its own Dwfl (-j 1,
+        // and -j 2's two threads: see `pending`).
+        std::unique_ptr<DwarfUnwinder> symbolizer;
+        // Without a symbolizer, a shared cache's misses are named outside
+        // the lock, each thread through its own Dwfl; (layout, pc) pairs
+        // being named are here meanwhile, so that two threads meeting the
+        // same new frames (the same stacks recur) name different ones: one
+        // that never waits skips the frame, the other waits on `named`.
+        std::set<std::pair<uint64_t, uint64_t>> pending;
+        std::condition_variable named;
     };
 
     // stack_frames > 0: also attach the symbolized stack (kernel frames from
@@ -123,11 +138,22 @@ public:
     // label whose strings are reused.
     void classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label);
     const StackStats& stats() const { return stats_; }
+    // The reader thread's classifier (-j 2) never waits for another thread.
+    // A sleep whose label would have to wait (for a frame the stages' thread
+    // is naming right now, or for /proc/kallsyms still being read) is
+    // abandoned: abandoned() is then true, and the label and counts are as
+    // before the call. Its other frames are still named into the shared
+    // cache, so that the stages find them named when they classify that
+    // sleep themselves.
+    void set_never_wait(bool on) { never_wait_ = on; }
+    bool abandoned() const { return abandoned_; }
 
 private:
     bool maps_python(const AddressSpace& as);
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);
+    const std::string& name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout, const Frame& f,
+                                     std::unordered_map<uint64_t, std::string>& local);
     const ProcessMaps* maps_;
     ModuleCache& modules_;
     DwarfUnwinder unwinder_;
@@ -135,6 +161,9 @@ private:
     StackStats stats_;
     unsigned stack_frames_;
     bool shared_names_;  // names_ came from outside (-j workers): hits go through local_*
+    bool never_wait_ = false;
+    bool abandoned_ = false;  // of the last classify_into
+    std::vector<Frame> frames_;  // a never-waiting classifier's user frames, named after the unwind
     std::shared_ptr<NameCache> names_;
     std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms_;  // this thread's copy of names_->ksyms
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;  // shared cache only

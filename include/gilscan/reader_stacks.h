@@ -14,7 +14,11 @@
 // same MMAP/COMM/FORK records, in the same order, as the stages' ProcessMaps
 // sees) and, while batches wait for the stages, classifies each switch-out
 // into S right in the read chunk: no stack is copied, and the label rides to
-// the stages with the record. The stages classify any sleep it left out. A
+// the stages with the record. The stages classify any sleep it left out,
+// and any it began but would have had to wait for (a frame the stages are
+// naming at that moment, /proc/kallsyms still being read): the reader never
+// waits for the stages' thread, it names that sleep's other frames for them
+// and reads on. A
 // label is a function of the sample and its address space, and frame names
 // come from the cache the two classifiers share, so who computes a label
 // changes nothing in the output.
@@ -53,6 +57,9 @@ public:
 
     static const Note* note_of(const Sample& s) { return static_cast<const Note*>(s.note); }
     uint64_t notes_made() const { return made_; }
+    // Sleeps begun here and left to the stages: their labels would have
+    // waited for the stages' thread (GilStackClassifier::set_never_wait).
+    uint64_t notes_abandoned() const { return abandoned_; }
 
 private:
     struct EventKind {
@@ -74,6 +81,7 @@ private:
     bool probes_seen_ = false;
     bool always_ = false;
     uint64_t made_ = 0;
+    uint64_t abandoned_ = 0;
 };
 
 }  // namespace gilscan
