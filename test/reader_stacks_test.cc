@@ -64,6 +64,15 @@ std::map<uint64_t, int> notes_by_time(const std::vector<uint8_t>& bytes, bool st
     return sink.seen;
 }
 
+// Samples reaching the stages, and how many came with a note.
+struct CountNotes : EventSink {
+    uint64_t samples = 0, noted = 0;
+    void on_sample(const Sample& smp, const EventInfo&) override {
+        ++samples;
+        noted += smp.note != nullptr;
+    }
+};
+
 }  // namespace
 
 TEST_CASE("reader stage: a note for each switch-out into S with a stack, on its own record") {
@@ -110,13 +119,7 @@ TEST_CASE("reader stage: inline reading (no reader thread) runs no stage") {
     ReaderStacks ahead(modules, std::make_shared<GilStackClassifier::NameCache>("", false), 0, "", s.swap(), true);
     ahead.set_always(true);
     s.set_reader_stage(&ahead);
-    struct Sink : EventSink {
-        int samples = 0, noted = 0;
-        void on_sample(const Sample& smp, const EventInfo&) override {
-            ++samples;
-            noted += smp.note != nullptr;
-        }
-    } sink;
+    CountNotes sink;
     s.run(sink);
     CHECK(sink.samples == 1);
     CHECK(sink.noted == 0);
@@ -139,13 +142,7 @@ TEST_CASE("reader stage: a sleep whose label would wait for another thread is le
     ReaderStacks ahead(modules, names, 64, release, s.swap(), true);
     ahead.set_always(true);
     s.set_reader_stage(&ahead);
-    struct Sink : EventSink {
-        uint64_t samples = 0, noted = 0;
-        void on_sample(const Sample& smp, const EventInfo&) override {
-            ++samples;
-            noted += smp.note != nullptr;
-        }
-    } sink;
+    CountNotes sink;
     s.run(sink);
     CHECK(sink.samples > 400);
     CHECK(sink.noted == 0);
