@@ -171,6 +171,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         trace_out->commit();
     }
     if (!opt.display_name.empty()) summary.file = opt.display_name;
+    if (opt.on_complete) opt.on_complete(summary);
     return summary;
 }
 

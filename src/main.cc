@@ -6,6 +6,7 @@
 // (Session) -> tracepoint formats and thread state machines (Timeline) ->
 // outputs (TraceWriter, summary).
 #include <cstdio>
+#include <cstdlib>
 #include <unistd.h>
 #include <cstring>
 #include <memory>
@@ -193,11 +194,14 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     return a;
 }
 
-int run(const Options& opt) {
-    // The stages, in order, are in gilscan::analyse_recording (src/analysis.cc):
-    // file/header/features -> records -> tracepoint formats -> process maps ->
-    // unwinding and symbols -> GIL locator -> thread state machines -> trace.
-    gilscan::FileSummary summary = gilscan::analyse_recording(analysis_options(opt));
+// Sanitizers check at exit (leaks): there the run's memory is freed as usual.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kExitWhenDone = false;
+#else
+constexpr bool kExitWhenDone = true;
+#endif
+
+void report(const Options& opt, const gilscan::FileSummary& summary) {
     if (!opt.summary_json.empty()) {
         gilscan::OutputFile js(opt.summary_json);
         gilscan::write_summary_json(js, summary);
@@ -205,6 +209,24 @@ int run(const Options& opt) {
     }
     for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
     if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary, opt.all_threads);
+}
+
+// exit_when_done: the process ends as soon as every output is complete
+// (AnalysisOptions::on_complete), leaving the run's memory to the kernel.
+int run(const Options& opt, bool exit_when_done = false) {
+    // The stages, in order, are in gilscan::analyse_recording (src/analysis.cc):
+    // file/header/features -> records -> tracepoint formats -> process maps ->
+    // unwinding and symbols -> GIL locator -> thread state machines -> trace.
+    gilscan::AnalysisOptions a = analysis_options(opt);
+    if (exit_when_done && kExitWhenDone) {
+        a.on_complete = [&opt](const gilscan::FileSummary& summary) {
+            report(opt, summary);  // may throw: then the usual way out
+            std::fflush(stdout);
+            std::fflush(stderr);
+            std::_Exit(0);
+        };
+    }
+    report(opt, gilscan::analyse_recording(a));
     return 0;
 }
 
@@ -242,7 +264,7 @@ int main(int argc, char** argv) {
     }
     Options opt = parse_args(argc, argv);
     try {
-        return run(opt);
+        return run(opt, /*exit_when_done=*/true);
     } catch (const gilscan::Error& e) {
         std::fprintf(stderr, "gilscan: error: %s\n", e.what());
     } catch (const std::bad_alloc&) {

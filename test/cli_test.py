@@ -50,6 +50,22 @@ with tempfile.TemporaryDirectory() as tmp:
     check(all(th["gil_wait_us"] is None for th in s["threads"]), "GIL figures null without GIL data")
     check("lost_events" in s and "warnings" in s and s["clock"] == "CLOCK_MONOTONIC", "file-level fields")
 
+    # gilscan FILE ends the process as soon as its outputs are complete
+    # (the run's memory left to the kernel): nothing of them may be lost.
+    # Every thread of the summary has its row in the table (on a pipe, fully
+    # buffered), the warnings are all on stderr, and the exit status is 0,
+    # also with the sleep stacks' threads (-j 2) at work.
+    for extra in ([], ["-j", "2", "--sleep-stacks", "8"]):
+        f = "stacks_py311.data"
+        r = run(os.path.join(DATA, f), "-o", trace, "--summary-json", summ, "--all-threads", *extra)
+        s2 = json.load(open(summ))
+        rows = [ln for ln in r.stdout.splitlines() if ln.split()[1:2] and ln.split()[1].isdigit()]
+        check(r.returncode == 0 and len(rows) == len(s2["threads"]) > 0,
+              f"{' '.join(extra) or 'default'}: one table row per summary thread ({len(rows)}, {len(s2['threads'])})")
+        check("(* main thread;" in r.stdout and r.stdout.endswith(")\n"), "the table's legend, to its last line")
+        check(r.stderr.count("gilscan: warning:") == len(s2["warnings"]), "every warning on stderr")
+        check(json.load(open(trace))["traceEvents"], "the trace complete")
+
     r = run(os.path.join(DATA, "plain.data"), "-o", trace, "--running", "-q")
     check(r.returncode == 0 and r.stdout == "", "-q prints no table")
     check(any(e["name"] == "R" for e in json.load(open(trace))["traceEvents"]), "--running adds R spans")

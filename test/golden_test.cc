@@ -228,6 +228,38 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     fs::remove_all(dir);
 }
 
+TEST_CASE("analysis: on_complete sees the finished summary once, the trace already complete at its name") {
+    // `gilscan FILE` reports in on_complete and ends the process there: the
+    // trace must be committed by then, and the summary the one returned.
+    const fs::path dir = fs::current_path() / "golden_complete.tmp";
+    fs::create_directories(dir);
+    for (unsigned jobs : {1u, 2u}) {
+        CAPTURE(jobs);
+        AnalysisOptions o;
+        o.input = (kData / "stacks_py311.data").string();
+        o.output = (dir / "t.json").string();
+        o.sleep_stacks = 16;
+        o.jobs = jobs;
+        if (jobs > 1) o.reader_thread = true;
+        int calls = 0;
+        std::string seen, trace_then;
+        o.on_complete = [&](const FileSummary& s) {
+            ++calls;
+            seen = summary_json(s).dump();
+            trace_then = slurp(o.output);
+        };
+        FileSummary fsum = analyse_recording(o);
+        CHECK(calls == 1);
+        CHECK(seen == summary_json(fsum).dump());
+        REQUIRE(trace_then.size() > 1000);
+        CHECK(trace_then == slurp(o.output));
+        CHECK(nlohmann::json::parse(trace_then).contains("traceEvents"));
+        for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename() == "t.json");  // no temporary left
+        fs::remove(o.output);
+    }
+    fs::remove_all(dir);
+}
+
 TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for byte") {
     const fs::path dir = fs::current_path() / "golden_summary.tmp";
     fs::create_directories(dir);
