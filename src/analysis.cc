@@ -89,7 +89,10 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     if (reader_stacks) {
         ahead = std::make_unique<ReaderStacks>(modules, names, opt.sleep_stacks, session.features().os_release,
                                                session.swap(), opt.gil_evidence == "auto");
-        if (opt.reader_stacks) ahead->set_always(*opt.reader_stacks);
+        if (opt.reader_stacks) {
+            ahead->set_always(*opt.reader_stacks);
+            ahead->set_wait(*opt.reader_stacks);  // forced on (tests): every sleep the reader's, deterministically
+        }
         session.set_reader_stage(ahead.get());
     }
     StackStats ahead_stats;  // of the labels the reader made and the stages used

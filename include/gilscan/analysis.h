@@ -39,8 +39,9 @@ struct AnalysisOptions {
     unsigned jobs = 1;
     std::optional<bool> reader_thread;  // jobs >= 2: force the reader thread on or off (tests; default: from 4 MiB)
     // With the reader thread: whether it classifies sleeps ahead of the stages
-    // (reader_stacks.h). Default: when the stages are behind. true: every
-    // sleep it can (tests), false: never.
+    // (reader_stacks.h). Default: when the stages are behind, and never
+    // waiting for them. true: every sleep it can, waiting where a label
+    // needs the stages' thread (tests), false: never.
     std::optional<bool> reader_stacks;
     std::function<void(uint64_t, uint64_t)> progress;
     // Where inflated copies of compressed debug files are kept (debuginfo_cache.h); "": none.

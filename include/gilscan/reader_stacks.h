@@ -54,6 +54,11 @@ public:
     void release(const void* note) override;
     // Make a note for every sleep, spare time or not (tests: the path is then taken whatever the timing).
     void set_always(bool on) { always_ = on; }
+    // Wait for the stages' thread where a label needs it (a frame it is
+    // naming, /proc/kallsyms being read) instead of leaving the sleep to
+    // them: every sleep is then the reader's whatever the timing (tests
+    // that count them, with set_always). Default: never wait.
+    void set_wait(bool on) { gsc_.set_never_wait(!on); }
 
     static const Note* note_of(const Sample& s) { return static_cast<const Note*>(s.note); }
     uint64_t notes_made() const { return made_; }
