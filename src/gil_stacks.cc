@@ -160,7 +160,7 @@ const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, u
     if (shared_names_) l.lock();
     auto& shared = names_->names[layout];
     auto sh = shared.find(f.pc);
-    if (sh == shared.end() && local && !names_->symbolizer) return name_unlocked(l, layout, f, *local);
+    if (sh == shared.end() && local && !names_->symbolizer) return name_unlocked(l, layout, f, shared, *local);
     if (sh == shared.end()) {
         Frame g = f;
         if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
@@ -183,11 +183,13 @@ const std::string kNoName;  // a frame's text in a label that is being abandoned
 // first stacks of a run bring hundreds of new frames. Under the lock, -j 2's
 // threads named them one at a time, and the reader waited for the stages.
 // The text is the same whichever Dwfl names a frame: a function of its
-// module's files and its pc, which is also what -j 1 writes.
+// module's files and its pc, which is also what -j 1 writes. `shared` is
+// names_->names[layout] (an element of that map: it survives rehashing
+// while the lock is released).
 const std::string& GilStackClassifier::name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout,
-                                                     const Frame& f, std::unordered_map<uint64_t, std::string>& local) {
+                                                     const Frame& f, std::unordered_map<uint64_t, std::string>& shared,
+                                                     std::unordered_map<uint64_t, std::string>& local) {
     const std::pair<uint64_t, uint64_t> key{layout, f.pc};
-    auto& shared = names_->names[layout];  // element references survive rehashing
     while (names_->pending.count(key)) {   // another thread is naming it
         if (never_wait_) {
             abandoned_ = true;

@@ -223,13 +223,6 @@ void for_each_stack_sleep(ProcessMaps& maps, ModuleCache& modules, const std::st
     s.run(stages);
 }
 
-size_t named_frames(GilStackClassifier::NameCache& names) {
-    std::lock_guard<std::mutex> l(names.mu);
-    size_t n = 0;
-    for (const auto& [layout, pcs] : names.names) n += pcs.size();
-    return n;
-}
-
 }  // namespace
 
 TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leaves that sleep, naming the rest") {

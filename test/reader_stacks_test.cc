@@ -6,7 +6,6 @@
 
 #include <future>
 #include <map>
-#include <mutex>
 
 #include "gilscan/reader_stacks.h"
 #include "test_util.h"
@@ -148,8 +147,5 @@ TEST_CASE("reader stage: a sleep whose label would wait for another thread is le
     CHECK(sink.noted == 0);
     CHECK(ahead.notes_made() == 0);
     CHECK(ahead.notes_abandoned() > 100);
-    std::lock_guard<std::mutex> l(names->mu);
-    size_t named = 0;
-    for (const auto& [layout, pcs] : names->names) named += pcs.size();
-    CHECK(named > 10);  // the user frames, named for the stages
+    CHECK(named_frames(*names) > 10);  // the user frames, named for the stages
 }

@@ -193,4 +193,12 @@ inline Analysis analyse_bytes(const std::vector<uint8_t>& bytes, size_t chunk_si
     return analyse(f.path, chunk_size, threaded);
 }
 
+// Frames named so far in a shared name cache (all layouts).
+inline size_t named_frames(GilStackClassifier::NameCache& names) {
+    std::lock_guard<std::mutex> l(names.mu);
+    size_t n = 0;
+    for (const auto& [layout, pcs] : names.names) n += pcs.size();
+    return n;
+}
+
 }  // namespace gilscan::test

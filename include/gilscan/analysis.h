@@ -48,9 +48,9 @@ struct AnalysisOptions {
     std::string debuginfo_cache;
     // Called with the finished summary once the trace is committed, before
     // the run's memory is freed. `gilscan FILE` reports there and ends the
-    // process: freeing a run's caches, Dwfls and buffers took some 5 ms of a
-    // 0.12 s -j 2 run (libdw's trees, the read chunks' munmaps), work the
-    // kernel does for nothing at exit.
+    // process: freeing a run's caches, Dwfls and buffers (libdw's trees, the
+    // read chunks' munmaps) took some 10 ms of a 0.15 s -j 2 --sleep-stacks
+    // run, work the kernel does anyway at exit.
     std::function<void(const FileSummary&)> on_complete;
 };
 

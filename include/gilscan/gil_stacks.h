@@ -101,9 +101,9 @@ public:
     // two threads names its misses through its own Dwfl, outside the lock and
     // at the same time as the other (`pending`): the first stacks of a run
     // bring hundreds of new frames, tens of milliseconds of libdw work that
-    // one thread did while the other waited. The kernel's symbols are read from /proc/kallsyms on a
-    // background thread as soon as the cache is made (that read costs tens
-    // of milliseconds of kernel time).
+    // one thread did while the other waited. The kernel's symbols are read
+    // from /proc/kallsyms on a background thread as soon as the cache is
+    // made (that read costs tens of milliseconds of kernel time).
     struct NameCache {
         // background = false: read on first use, on the thread that needs it (-j 1).
         NameCache(const std::string& kernel_release, bool kernel_names, bool background = true);
@@ -153,6 +153,7 @@ private:
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);
     const std::string& name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout, const Frame& f,
+                                     std::unordered_map<uint64_t, std::string>& shared,
                                      std::unordered_map<uint64_t, std::string>& local);
     const ProcessMaps* maps_;
     ModuleCache& modules_;
