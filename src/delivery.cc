@@ -178,6 +178,22 @@ void Session::run(EventSink& sink) {
         };
         RecordStream& rs = rd.rs;
         OrderedQueue& q = rd.q;
+        // Without a reader stage nothing here needs a queued record's bytes:
+        // the queue hands on where each one is, and the batch's bytes are
+        // counted at the round's mean record size (the bound is on memory
+        // and latency, not exact).
+        auto hand_ready = [&](const OrderedQueue::Ready& x) {
+            batch.push_back({x.rec, x.offset, x.chunk, x.compressed, nullptr});
+            rd.batch_bytes += q.mean_record_size();
+            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+        };
+        // The queue's operations, with the hand that fits.
+        auto queued = [&](auto&& op) {
+            if (stage)
+                op(hand);
+            else
+                op(hand_ready);
+        };
         try {
             uint64_t next_progress = begin;
             const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
@@ -190,8 +206,10 @@ void Session::run(EventSink& sink) {
                 }
                 ++rd.records;
                 if (r.type == PERF_RECORD_FINISHED_ROUND) {
-                    q.finished_round(hand);
-                    if (!threaded) q.drain(hand);
+                    queued([&](auto& h) {
+                        q.finished_round(h);
+                        if (!threaded) q.drain(h);
+                    });
                     continue;
                 }
                 // The round before this one is ready: rather than handing it
@@ -205,10 +223,10 @@ void Session::run(EventSink& sink) {
                 // records go per kPumpEvery read, far more than come in.
                 if (threaded && --until_pump == 0) {
                     until_pump = kPumpEvery;
-                    if (q.ready() && handoff.queued_bytes() + 2 * kBatchBytes <= kInFlightBytes) q.pump(hand, kPump);
+                    if (q.ready() && handoff.queued_bytes() + 2 * kBatchBytes <= kInFlightBytes) queued([&](auto& h) { q.pump(h, kPump); });
                 }
                 if (r.type >= PERF_RECORD_KERNEL_MAX) {
-                    q.drain(hand);  // as if released at its round's end, before this record
+                    queued([&](auto& h) { q.drain(h); });  // as if released at its round's end, before this record
                     send();
                     if (threaded && !handoff.wait_idle()) break;  // the stages are idle: safe to change attrs and formats
                     try {
@@ -237,14 +255,14 @@ void Session::run(EventSink& sink) {
                     continue;
                 }
                 if (!tp) {
-                    q.drain(hand);
+                    queued([&](auto& h) { q.drain(h); });
                     chunks.retain(r.chunk);
                     hand(r);  // as perf does for records without a time: delivered at once
                     continue;
                 }
-                q.push(time, r, hand);
+                queued([&](auto& h) { q.push(time, r, h); });
             }
-            q.flush_all(hand);
+            queued([&](auto& h) { q.flush_all(h); });
             send();
         } catch (...) {
             if (!threaded) throw;

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -578,6 +579,107 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
         CHECK(pumped.out_of_order == drained.out_of_order);
         CHECK(pumped.half_flushes == drained.half_flushes);
         if (max_queued < n) CHECK(drained.half_flushes > 0);
+    }
+}
+
+TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRecord deliver reads it, in the same order") {
+    // Records of 16, 24 and 40 bytes in a file chunk and a decompressed one
+    // (whose records' offset is that of their COMPRESSED record), 4 CPU runs
+    // per round with ties and late records, pumped a few at a time; with and
+    // without half flushes.
+    for (size_t max_queued : {size_t{4u << 20}, size_t{90}}) {
+        CAPTURE(max_queued);
+        struct Out {
+            const uint8_t* rec;
+            uint64_t offset;
+            uint32_t chunk;
+            bool compressed;
+            bool operator==(const Out&) const = default;
+        };
+        std::vector<size_t> means;  // mean_record_size() after each round
+        auto play = [&](bool ready) {
+            ChunkTable chunks;
+            OrderedQueue q(chunks, max_queued);
+            const uint32_t file = chunks.acquire(1 << 16, 1000, false);
+            const uint32_t dec = chunks.acquire(1 << 16, 5000, true);
+            chunks.bytes(file).resize(1 << 16);
+            chunks.bytes(dec).resize(1 << 16);
+            size_t used[2] = {0, 0};
+            std::vector<Out> out;
+            auto raw = [&](const RawRecord& r) {
+                REQUIRE(r.size == r.body.size() + PERF_EVENT_HEADER_SIZE);
+                out.push_back({r.body.data() - PERF_EVENT_HEADER_SIZE, r.offset, r.chunk, r.compressed});
+                chunks.release(r.chunk);
+            };
+            auto at = [&](const OrderedQueue::Ready& x) {
+                out.push_back({x.rec, x.offset, x.chunk, x.compressed});
+                chunks.release(x.chunk);
+            };
+            auto run = [&](auto&& op) {
+                if (ready)
+                    op(at);
+                else
+                    op(raw);
+            };
+            uint64_t seed = 7;
+            auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+            means.clear();
+            for (uint64_t round = 0; round < 8; ++round) {
+                uint64_t bytes = 0, count = 0;
+                for (uint64_t cpu = 0; cpu < 4; ++cpu) {
+                    std::vector<uint64_t> times;
+                    for (int i = 0; i < 30; ++i) {
+                        uint64_t t = round * 100 + rnd() % 100;
+                        if (round > 1 && rnd() % 10 == 0) t -= 150;  // late
+                        times.push_back(t / 4 * 4);                   // ties
+                    }
+                    std::sort(times.begin(), times.end());
+                    for (uint64_t t : times) {
+                        const int which = static_cast<int>(rnd() % 2);
+                        const uint32_t id = which ? dec : file;
+                        const uint16_t size = static_cast<uint16_t>(std::array<int, 3>{16, 24, 40}[rnd() % 3]);
+                        uint8_t* rec = chunks.bytes(id).data() + used[which];
+                        std::memset(rec, 0, size);
+                        std::memcpy(rec + 6, &size, 2);
+                        used[which] += size;
+                        RawRecord r;
+                        r.chunk = id;
+                        r.size = size;
+                        r.body = Bytes(rec + 8, size - 8u);
+                        run([&](auto& h) { q.push(t, r, h); });
+                        bytes += size;
+                        ++count;
+                        if (rnd() % 3 == 0) run([&](auto& h) { q.pump(h, 5); });
+                    }
+                }
+                run([&](auto& h) { q.finished_round(h); });
+                means.push_back(q.mean_record_size());
+                if (q.half_flushes() == 0) CHECK(q.mean_record_size() == bytes / count);
+            }
+            run([&](auto& h) { q.flush_all(h); });
+            CHECK(q.size() == 0);
+            chunks.release(file);
+            chunks.release(dec);
+            CHECK(chunks.live() == 0);
+            return out;
+        };
+        const std::vector<Out> by_raw = play(false);
+        const std::vector<size_t> raw_means = means;
+        const std::vector<Out> by_ready = play(true);
+        REQUIRE(by_raw.size() == 8 * 4 * 30);
+        CHECK(by_ready == by_raw);
+        CHECK(means == raw_means);
+        size_t decompressed = 0;
+        for (const Out& o : by_raw) {
+            if (o.compressed) {
+                ++decompressed;
+                CHECK(o.offset == 5000);  // a decompressed record: its COMPRESSED record's offset
+            } else {
+                CHECK(o.offset >= 1000);
+            }
+        }
+        CHECK(decompressed > 0);
+        CHECK(decompressed < by_raw.size());
     }
 }
 
