@@ -138,7 +138,11 @@ private:
     void resolve_names_and_formats();
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
-    void deliver(const RawRecord& r, EventSink& sink);
+    // r's type, size, body and note are set; complete(r) sets the rest
+    // (offset, chunk, compressed), which only the paths other than a
+    // fixed-layout sample read.
+    template <class Complete>
+    void deliver(RawRecord& r, EventSink& sink, Complete&& complete);
     void deliver_other(const RawRecord& r, int event_index, EventSink& sink);  // not a sample
     bool parse_sample_checked(const RawRecord& r, const EventInfo& ev, Sample& s);
     template <class Decode>
@@ -172,6 +176,8 @@ private:
     // bytes where they are (in a chunk its batch keeps alive), copied out
     // once per batch, before the batch goes back (keep_last_sample).
     bool repeats_last_sample(const Sample& s, const RawRecord& r);  // delivery.cc
+    // The earliest and latest sample times delivered (lo > hi: none yet).
+    uint64_t time_lo_ = ~uint64_t{0}, time_hi_ = 0;
     void keep_last_sample();
     struct LastSample {
         const uint8_t* rec = nullptr;  // the whole record, header included; nullptr: none
