@@ -184,13 +184,17 @@ SleepClassifier gil_probe_classifier(const GilTracker& gil) {
         if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return;
         switch (gil.state(s.tid)) {
         case GilState::Waiting:
-            l.name = "S(GIL)";
-            l.evidence = "inside take_gil (uprobe)";
+            if (l.text) {
+                l.name = "S(GIL)";
+                l.evidence = "inside take_gil (uprobe)";
+            }
             l.gil = true;
             break;
         case GilState::Dropping:
-            l.name = "S(GIL handoff)";
-            l.evidence = "inside drop_gil (uprobe)";
+            if (l.text) {
+                l.name = "S(GIL handoff)";
+                l.evidence = "inside drop_gil (uprobe)";
+            }
             break;
         default: break;
         }

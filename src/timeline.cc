@@ -191,8 +191,10 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
     case StateClass::DiskSleep: {
         th.state = ps.cls == StateClass::Sleeping ? SpanKind::Sleep : SpanKind::DiskSleep;
         th.label.clear();
+        th.label.text = spans_wanted_;
         if (classifier_) classifier_(s, ev, ps, th.label);
-        if (th.label.name.empty() && th.label.ticket < 0) th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
+        if (spans_wanted_ && th.label.name.empty() && th.label.ticket < 0)
+            th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
         // try_to_wake_up on another CPU can trace sched_waking just before
         // this switch-out is traced: the sleep is over as soon as it starts.
         if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {

@@ -260,13 +260,22 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
         const std::string path = std::string(GILSCAN_TESTDATA) + "/" + name + ".data";
         std::vector<std::vector<ThreadStats>> runs;
         size_t spans = 0;
+        // The uprobe classifier's labels: with spans named, without them
+        // (label.text false) the same decisions with no strings.
+        size_t gil_labels[2] = {0, 0}, named[2] = {0, 0}, text_mismatch = 0;
         for (bool want : {true, false}) {
             Session s(path);
             Collect collect;
             NoSpans none;
             GilTracker gil(nullptr);
             Timeline tl(s, want ? static_cast<SpanSink&>(collect) : none);
-            tl.set_classifier(gil_probe_classifier(gil));
+            tl.set_classifier([&, by_probes = gil_probe_classifier(gil)](const Sample& smp, const EventInfo& ev,
+                                                                         const PrevState& ps, SleepLabel& l) {
+                text_mismatch += l.text != want;
+                by_probes(smp, ev, ps, l);
+                gil_labels[want] += l.gil;
+                named[want] += !l.name.empty() || !l.evidence.empty();
+            });
             FanOutOf<GilTracker, Timeline> stages(gil, tl);
             s.run(stages);
             tl.finish(s.stats().last_time);
@@ -296,5 +305,10 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
             gil_sleeps += a.gil_sleep_count;
         }
         if (name == "gil_combined") CHECK(gil_sleeps > 0);
+        CHECK(text_mismatch == 0);
+        CHECK(gil_labels[0] == gil_labels[1]);
+        CHECK(named[0] == 0);
+        if (name == "gil_combined") CHECK(named[1] >= gil_labels[1]);
+        if (name == "gil_combined") CHECK(gil_labels[1] > 0);
     }
 }
