@@ -22,9 +22,10 @@ namespace {
 struct Handed {
     const uint8_t* rec;
     uint64_t offset;
-    uint32_t chunk;
-    bool compressed;
     const void* note;  // the ReaderStage's, or nullptr
+    uint32_t chunk;
+    int16_t event;     // as the reader found it (-1: not known, the stages look it up)
+    bool compressed;
 };
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every
@@ -110,7 +111,7 @@ void Session::run(EventSink& sink) {
             with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
             r.note = h.note;
-            deliver(r, sink, [&h](RawRecord& x) {
+            deliver(r, h.event, sink, [&h](RawRecord& x) {
                 x.offset = h.offset;
                 x.compressed = h.compressed;
                 x.chunk = h.chunk;
@@ -170,10 +171,11 @@ void Session::run(EventSink& sink) {
         auto hand = [&](const RawRecord& rec) {
             const void* note = nullptr;
             if (stage) {
-                const int ev = ids.event_for(rec, swap);  // records of unknown events were never queued
+                const int ev = rec.event >= 0 ? rec.event : ids.event_for(rec, swap);  // unknown events were never queued
                 if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued_bytes() >= kSpareFrom);
             }
-            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, rec.chunk, rec.compressed, note});
+            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, note, rec.chunk,
+                             static_cast<int16_t>(rec.event), rec.compressed});
             rd.batch_bytes += rec.size;
             if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
         };
@@ -184,7 +186,7 @@ void Session::run(EventSink& sink) {
         // counted at the round's mean record size (the bound is on memory
         // and latency, not exact).
         auto hand_ready = [&](const OrderedQueue::Ready& x) {
-            batch.push_back({x.rec, x.offset, x.chunk, x.compressed, nullptr});
+            batch.push_back({x.rec, x.offset, nullptr, x.chunk, static_cast<int16_t>(x.event), x.compressed});
             rd.batch_bytes += q.mean_record_size();
             if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
         };
@@ -255,6 +257,7 @@ void Session::run(EventSink& sink) {
                     ++rd.unknown_ids;
                     continue;
                 }
+                r.event = ev;
                 if (!tp) {
                     queued([&](auto& h) { q.drain(h); });
                     chunks.retain(r.chunk);
@@ -386,8 +389,13 @@ bool Session::decoded(const RawRecord& r, Decode&& decode) {
 // Where the record came from (offset, chunk) is set only for the paths that
 // read it: copying it per record was 8 of a sample's instructions.
 template <class Complete>
-[[gnu::always_inline]] inline void Session::deliver(RawRecord& r, EventSink& sink, Complete&& complete) {
-    const int event_index = with_byte_order(header_.swap, [&](auto sw) { return ids_.event_for(r, sw); });
+[[gnu::always_inline]] inline void Session::deliver(RawRecord& r, int event, EventSink& sink, Complete&& complete) {
+    // The reader's lookup, when it came with the record: its EventIds are a
+    // copy of these, changed only while the stages are idle and every record
+    // read before the change has been delivered (run()), so it is the event
+    // this lookup would find.
+    const int event_index =
+        event >= 0 ? event : with_byte_order(header_.swap, [&](auto sw) { return ids_.event_for(r, sw); });
     if (event_index < 0) return;  // counted when it was read
     if (r.type != PERF_RECORD_SAMPLE) [[unlikely]] {
         complete(r);

@@ -4,6 +4,7 @@
 
 #include <zstd.h>
 
+#include "gilscan/error.h"
 #include "gilscan/perf_abi.h"
 
 namespace gilscan {
@@ -41,6 +42,12 @@ RecordStream::~RecordStream() {
     if (dctx_) ZSTD_freeDCtx(dctx_);
     if (fchunk_ != kNoChunk) chunks_.release(fchunk_);
     if (dchunk_ != kNoChunk) chunks_.release(dchunk_);
+}
+
+void RecordStream::throw_too_many_chunks(uint64_t offset) const {
+    throw Error(file_.path(), offset,
+                "more than " + std::to_string(ChunkTable::kMaxChunks) +
+                    " read buffers would be alive at once (a round of that many records in buffers of their own)");
 }
 
 void RecordStream::stop(uint64_t offset, const std::string& why) {
@@ -86,6 +93,7 @@ bool RecordStream::ensure(uint64_t n) {
     const uint64_t from = pos_ + carried;
     // No bigger than what is left to read: a small file gets a small chunk.
     const size_t cap = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(chunk_size_, end_ - pos_), n));
+    if (chunks_.full()) throw_too_many_chunks(pos_);
     uint32_t id = chunks_.acquire(cap, pos_, false);
     ChunkBytes& buf = chunks_.bytes(id);
     buf.resize(cap);
@@ -172,6 +180,7 @@ void RecordStream::decompress(const RawRecord& c) {
     if (!dctx_) dctx_ = ZSTD_createDCtx();
     // A new chunk starts with the undecoded tail of the previous one.
     const size_t step = ZSTD_DStreamOutSize();
+    if (chunks_.full()) throw_too_many_chunks(c.offset);
     uint32_t id = chunks_.acquire(std::max(chunk_size_, step * 2), c.offset, true);
     ChunkBytes& buf = chunks_.bytes(id);
     if (dchunk_ != kNoChunk) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "gilscan/handoff.h"
@@ -582,7 +583,7 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
     }
 }
 
-TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRecord deliver reads it, in the same order") {
+TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRecord deliver reads it, in the same order, with its event") {
     // Records of 16, 24 and 40 bytes in a file chunk and a decompressed one
     // (whose records' offset is that of their COMPRESSED record), 4 CPU runs
     // per round with ties and late records, pumped a few at a time; with and
@@ -590,12 +591,16 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
     for (size_t max_queued : {size_t{4u << 20}, size_t{90}}) {
         CAPTURE(max_queued);
         struct Out {
-            const uint8_t* rec;
+            uint64_t pos;  // in its chunk (pointers differ between the two plays)
             uint64_t offset;
             uint32_t chunk;
             bool compressed;
+            int event;  // the reader's event, carried through the queue
             bool operator==(const Out&) const = default;
         };
+        // Each record's event as pushed (-1, 0..4094, or past what the entry
+        // holds), by chunk and position; the same in both plays.
+        std::map<std::pair<uint32_t, uint64_t>, int> pushed_event;
         std::vector<size_t> means;  // mean_record_size() after each round
         auto play = [&](bool ready) {
             ChunkTable chunks;
@@ -608,11 +613,12 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
             std::vector<Out> out;
             auto raw = [&](const RawRecord& r) {
                 REQUIRE(r.size == r.body.size() + PERF_EVENT_HEADER_SIZE);
-                out.push_back({r.body.data() - PERF_EVENT_HEADER_SIZE, r.offset, r.chunk, r.compressed});
+                out.push_back({static_cast<uint64_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks.data(r.chunk)), r.offset,
+                               r.chunk, r.compressed, r.event});
                 chunks.release(r.chunk);
             };
             auto at = [&](const OrderedQueue::Ready& x) {
-                out.push_back({x.rec, x.offset, x.chunk, x.compressed});
+                out.push_back({static_cast<uint64_t>(x.rec - chunks.data(x.chunk)), x.offset, x.chunk, x.compressed, x.event});
                 chunks.release(x.chunk);
             };
             auto run = [&](auto&& op) {
@@ -646,6 +652,8 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
                         r.chunk = id;
                         r.size = size;
                         r.body = Bytes(rec + 8, size - 8u);
+                        r.event = std::array<int, 6>{-1, 0, 1, 4094, 4095, 70000}[rnd() % 6];
+                        pushed_event[{id, used[which] - size}] = r.event;
                         run([&](auto& h) { q.push(t, r, h); });
                         bytes += size;
                         ++count;
@@ -680,7 +688,29 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
         }
         CHECK(decompressed > 0);
         CHECK(decompressed < by_raw.size());
+        size_t known = 0, event_mismatch = 0;
+        for (const Out& o : by_raw) {
+            const int e = pushed_event.at({o.chunk, o.pos});
+            event_mismatch += o.event != (e >= 0 && e < 4095 ? e : -1);  // past 4094: not known
+            known += o.event >= 0;
+        }
+        CHECK(event_mismatch == 0);
+        CHECK(known > 0);
+        CHECK(known < by_raw.size());
     }
+}
+
+TEST_CASE("ChunkTable: full() at 2^20 live chunks (ids fit the ordering's 20 bits), not while one is free") {
+    ChunkTable chunks;
+    for (uint32_t i = 0; i < ChunkTable::kMaxChunks; ++i) {
+        REQUIRE_FALSE(chunks.full());
+        REQUIRE(chunks.acquire(0, 0, false) == i);
+    }
+    CHECK(chunks.full());
+    chunks.release(12345);
+    CHECK_FALSE(chunks.full());
+    CHECK(chunks.acquire(0, 0, false) == 12345);
+    CHECK(chunks.full());
 }
 
 TEST_CASE("ordering: against a model of perf's rule, with late records, ties, long and short rounds, half flushes") {

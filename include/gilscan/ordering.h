@@ -24,7 +24,7 @@
 // The reader thread pumps: it keeps the stages' bounded queue filled instead
 // of alternating between a burst of a whole round and none while it reads.
 //
-// Speed: entries are 16 bytes (time, chunk, position in the chunk); a round
+// Speed: entries are 16 bytes (time, chunk and event, position in the chunk); a round
 // arrives as one sorted run per CPU buffer, so pending entries are merged
 // run by run (log runs passes) or radix-sorted on their time (one pass for
 // spans of up to 13 bits; wider ones by their top bits into buckets, then
@@ -41,6 +41,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -67,6 +68,7 @@ public:
         uint64_t offset;
         uint32_t chunk;
         bool compressed;
+        int event;  // RawRecord::event as pushed (-1: not known)
     };
     // The mean size of the records of the latest round arranged (a
     // deliver(const Ready&) that bounds bytes in flight counts by it).
@@ -78,9 +80,10 @@ public:
         // these too; last_flushed_ is 0 until something is released).
         if (time < last_flushed_) ++out_of_order_;
         chunks_.retain(r.chunk);  // the queue's reference, handed on with the record
+        assert(r.chunk < ChunkTable::kMaxChunks);
         Entry e;
         e.time = time;
-        e.chunk = r.chunk;
+        e.chunk_event = pack(r.chunk, r.event);
         e.pos = static_cast<uint32_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks_.data(r.chunk));
         // Only where a run starts is noted per record: the round's earliest
         // and latest times are those of its runs' ends, found when it is
@@ -163,9 +166,22 @@ public:
 private:
     struct Entry {
         uint64_t time;
-        uint32_t chunk;  // ChunkTable id
-        uint32_t pos;    // the record's header within the chunk
+        uint32_t chunk_event;  // ChunkTable id (low 20 bits), event + 1 (high 12; 0: not known)
+        uint32_t pos;          // the record's header within the chunk
+        uint32_t chunk() const { return chunk_event & (ChunkTable::kMaxChunks - 1); }
+        int event() const { return static_cast<int>(chunk_event >> kChunkBits) - 1; }
     };
+    // The record's event, as the reader found it, rides in the chunk id's
+    // spare bits: the stages then need not look it up again (its id
+    // lookup, with the checks on where the id is, was 28 instructions a
+    // record on each thread). Events past 4094 go as not known.
+    static constexpr unsigned kChunkBits = 20;
+    static_assert(ChunkTable::kMaxChunks == 1u << kChunkBits);
+    static uint32_t pack(uint32_t chunk, int event) {
+        uint32_t code = static_cast<uint32_t>(event) + 1;  // -1 -> 0
+        code = code < (1u << (32 - kChunkBits)) ? code : 0;
+        return chunk | code << kChunkBits;
+    }
     // resize() leaves new entries uninitialized (byte_buffer.h): every one is
     // written by the sort or merge before it is read.
     using Entries = std::vector<Entry, UninitAllocator<Entry>>;
@@ -412,7 +428,7 @@ private:
     }
 
     static constexpr size_t kAhead = 8;
-    void prefetch(const Entry& e) const { __builtin_prefetch(chunks_.data(e.chunk) + e.pos); }
+    void prefetch(const Entry& e) const { __builtin_prefetch(chunks_.data(e.chunk()) + e.pos); }
 
     // Delivers side[head] (and moves head on). A deliver(const RawRecord&)
     // gets the record's header read, having asked for the header of a record
@@ -426,19 +442,22 @@ private:
     void emit_from(const Entries& side, size_t& head, size_t end, RawRecord& r, Deliver& deliver) {
         if constexpr (std::is_invocable_v<Deliver&, const Ready&>) {
             const Entry& e = side[head++];
-            const bool compressed = chunks_.compressed(e.chunk);
+            const uint32_t chunk = e.chunk();
+            const bool compressed = chunks_.compressed(chunk);
             --queued_;
-            deliver(Ready{chunks_.data(e.chunk) + e.pos, chunks_.base(e.chunk) + (compressed ? 0 : e.pos), e.chunk,
-                          compressed});
+            deliver(Ready{chunks_.data(chunk) + e.pos, chunks_.base(chunk) + (compressed ? 0 : e.pos), chunk,
+                          compressed, e.event()});
         } else {
             if (head + kAhead < end) prefetch(side[head + kAhead]);
             const Entry& e = side[head++];
-            const uint8_t* rec = chunks_.data(e.chunk) + e.pos;
+            const uint32_t chunk = e.chunk();
+            const uint8_t* rec = chunks_.data(chunk) + e.pos;
             read_header(rec, swap_, r);
             r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.compressed = chunks_.compressed(e.chunk);
-            r.offset = chunks_.base(e.chunk) + (r.compressed ? 0 : e.pos);
-            r.chunk = e.chunk;
+            r.compressed = chunks_.compressed(chunk);
+            r.offset = chunks_.base(chunk) + (r.compressed ? 0 : e.pos);
+            r.chunk = chunk;
+            r.event = e.event();
             --queued_;
             deliver(r);
         }

@@ -44,6 +44,11 @@ inline constexpr uint32_t kNoChunk = ~0u;
 // recycled: a released chunk's memory is reused by the next acquire().
 class ChunkTable {
 public:
+    // Ids stay below 2^20: the ordering queue packs one with the record's
+    // event into 32 bits (ordering.h). That many live chunks would be 2 TiB
+    // of 2 MiB file chunks; RecordStream stops with an Error before it.
+    static constexpr uint32_t kMaxChunks = 1u << 20;
+    bool full() const { return free_.empty() && chunks_.size() >= kMaxChunks; }
     // A chunk with refs = 1, at least `capacity` bytes reserved, empty.
     uint32_t acquire(size_t capacity, uint64_t base, bool compressed);
     ChunkBytes& bytes(uint32_t id) { return chunks_[id].bytes; }
@@ -82,6 +87,7 @@ struct RawRecord {
     uint32_t chunk = kNoChunk;  // the ChunkTable buffer holding the bytes
     bool compressed = false;
     const void* note = nullptr;  // a ReaderStage's note (session.h), on the stages' side
+    int event = -1;  // the record's event index where the reader looked it up (-1: not known)
 };
 
 // The perf_event_header at p: type, misc, size. The body is the caller's to
@@ -151,6 +157,7 @@ private:
     void decompress(const RawRecord& container);
     void drop_decompressed();
     void stop(uint64_t offset, const std::string& why);
+    [[noreturn]] void throw_too_many_chunks(uint64_t offset) const;
 
     const MappedFile& file_;
     uint64_t pos_, end_;

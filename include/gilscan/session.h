@@ -138,11 +138,12 @@ private:
     void resolve_names_and_formats();
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
-    // r's type, size, body and note are set; complete(r) sets the rest
+    // r's type, size, body and note are set, and the event where the reader
+    // found it (-1: not known); complete(r) sets the rest
     // (offset, chunk, compressed), which only the paths other than a
     // fixed-layout sample read.
     template <class Complete>
-    void deliver(RawRecord& r, EventSink& sink, Complete&& complete);
+    void deliver(RawRecord& r, int event, EventSink& sink, Complete&& complete);  // event -1: look it up
     void deliver_other(const RawRecord& r, int event_index, EventSink& sink);  // not a sample
     bool parse_sample_checked(const RawRecord& r, const EventInfo& ev, Sample& s);
     template <class Decode>
