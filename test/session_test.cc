@@ -713,6 +713,36 @@ TEST_CASE("ChunkTable: full() at 2^20 live chunks (ids fit the ordering's 20 bit
     CHECK(chunks.full());
 }
 
+TEST_CASE("RecordStream: stops with an Error rather than take a chunk id past ChunkTable::kMaxChunks") {
+    // Four FINISHED_ROUND records of 8 bytes.
+    std::vector<uint8_t> data(32, 0);
+    for (size_t i = 0; i < 4; ++i) {
+        data[i * 8] = PERF_RECORD_FINISHED_ROUND;
+        data[i * 8 + 6] = 8;
+    }
+    MappedFile file("mem.data", Bytes(data.data(), data.size()));
+    ChunkTable chunks;
+    for (uint32_t i = 0; i < ChunkTable::kMaxChunks; ++i) chunks.acquire(0, 0, false);
+    {
+        RecordStream rs(file, 0, data.size(), false, chunks, 16);
+        RawRecord r;
+        try {
+            rs.next(r);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("read buffers") != std::string::npos);
+            CHECK(e.offset() == 0);
+        }
+    }
+    chunks.release(7);  // one free: the stream reads on, through that chunk
+    RecordStream rs(file, 0, data.size(), false, chunks, 32);
+    RawRecord r;
+    int n = 0;
+    while (rs.next(r)) ++n;
+    CHECK(n == 4);
+    CHECK(r.chunk == 7);
+}
+
 TEST_CASE("ordering: against a model of perf's rule, with late records, ties, long and short rounds, half flushes") {
     // The model: every queued record in (time, push order); FINISHED_ROUND
     // releases those up to the previous round's latest time; past max_queued
