@@ -44,10 +44,13 @@ RecordStream::~RecordStream() {
     if (dchunk_ != kNoChunk) chunks_.release(dchunk_);
 }
 
-void RecordStream::throw_too_many_chunks(uint64_t offset) const {
-    throw Error(file_.path(), offset,
-                "more than " + std::to_string(ChunkTable::kMaxChunks) +
-                    " read buffers would be alive at once (a round of that many records in buffers of their own)");
+// Every chunk comes from here: ids stay below ChunkTable::kMaxChunks.
+uint32_t RecordStream::acquire_chunk(size_t capacity, uint64_t base, bool compressed) {
+    if (chunks_.full())
+        throw Error(file_.path(), base,
+                    "more than " + std::to_string(ChunkTable::kMaxChunks) +
+                        " read buffers would be alive at once (a round of that many records in buffers of their own)");
+    return chunks_.acquire(capacity, base, compressed);
 }
 
 void RecordStream::stop(uint64_t offset, const std::string& why) {
@@ -93,8 +96,7 @@ bool RecordStream::ensure(uint64_t n) {
     const uint64_t from = pos_ + carried;
     // No bigger than what is left to read: a small file gets a small chunk.
     const size_t cap = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(chunk_size_, end_ - pos_), n));
-    if (chunks_.full()) throw_too_many_chunks(pos_);
-    uint32_t id = chunks_.acquire(cap, pos_, false);
+    uint32_t id = acquire_chunk(cap, pos_, false);
     ChunkBytes& buf = chunks_.bytes(id);
     buf.resize(cap);
     if (carried) std::memcpy(buf.data(), chunks_.data(fchunk_) + (pos_ - cbase_), static_cast<size_t>(carried));
@@ -180,8 +182,7 @@ void RecordStream::decompress(const RawRecord& c) {
     if (!dctx_) dctx_ = ZSTD_createDCtx();
     // A new chunk starts with the undecoded tail of the previous one.
     const size_t step = ZSTD_DStreamOutSize();
-    if (chunks_.full()) throw_too_many_chunks(c.offset);
-    uint32_t id = chunks_.acquire(std::max(chunk_size_, step * 2), c.offset, true);
+    uint32_t id = acquire_chunk(std::max(chunk_size_, step * 2), c.offset, true);
     ChunkBytes& buf = chunks_.bytes(id);
     if (dchunk_ != kNoChunk) {
         const ChunkBytes& old = chunks_.bytes(dchunk_);

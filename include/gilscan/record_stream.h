@@ -157,7 +157,7 @@ private:
     void decompress(const RawRecord& container);
     void drop_decompressed();
     void stop(uint64_t offset, const std::string& why);
-    [[noreturn]] void throw_too_many_chunks(uint64_t offset) const;
+    uint32_t acquire_chunk(size_t capacity, uint64_t base, bool compressed);  // throws Error at kMaxChunks
 
     const MappedFile& file_;
     uint64_t pos_, end_;
