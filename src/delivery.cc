@@ -2,6 +2,7 @@
 // to the stages, with the reader on its own thread for large recordings.
 // (The session's set-up — header, attrs, features, names — is session.cc.)
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -27,6 +28,9 @@ struct Handed {
     int16_t event;     // as the reader found it (-1: not known, the stages look it up)
     bool compressed;
 };
+// Handed::event from the reader's lookup: events past int16_t go as not
+// known (the stages look them up), never as another event.
+int16_t handed_event(int ev) { return static_cast<int16_t>(ev >= 0 && ev <= INT16_MAX ? ev : -1); }
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every
 // chunk a queued record keeps alive is memory that was fresh once, and a
@@ -166,6 +170,12 @@ void Session::run(EventSink& sink) {
             }
             batch.reserve(kBatch);
         };
+        // A record into the batch, sent when full.
+        auto add = [&](const Handed& h, size_t bytes) {
+            batch.push_back(h);
+            rd.batch_bytes += bytes;
+            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+        };
         // Takes over a reference to rec.chunk (the ordering queue's, handed on
         // with the record): the batch holds it until it comes back.
         auto hand = [&](const RawRecord& rec) {
@@ -174,10 +184,9 @@ void Session::run(EventSink& sink) {
                 const int ev = rec.event >= 0 ? rec.event : ids.event_for(rec, swap);  // unknown events were never queued
                 if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued_bytes() >= kSpareFrom);
             }
-            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, note, rec.chunk,
-                             static_cast<int16_t>(rec.event), rec.compressed});
-            rd.batch_bytes += rec.size;
-            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+            add({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, note, rec.chunk, handed_event(rec.event),
+                 rec.compressed},
+                rec.size);
         };
         RecordStream& rs = rd.rs;
         OrderedQueue& q = rd.q;
@@ -186,9 +195,7 @@ void Session::run(EventSink& sink) {
         // counted at the round's mean record size (the bound is on memory
         // and latency, not exact).
         auto hand_ready = [&](const OrderedQueue::Ready& x) {
-            batch.push_back({x.rec, x.offset, nullptr, x.chunk, static_cast<int16_t>(x.event), x.compressed});
-            rd.batch_bytes += q.mean_record_size();
-            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+            add({x.rec, x.offset, nullptr, x.chunk, handed_event(x.event), x.compressed}, q.mean_record_size());
         };
         // The queue's operations, with the hand that fits.
         auto queued = [&](auto&& op) {
@@ -303,9 +310,9 @@ void Session::run(EventSink& sink) {
         }
         stats_.malformed += side->malformed;
     }
-    if (time_lo_ <= time_hi_) {
-        if (!stats_.have_time || time_lo_ < stats_.first_time) stats_.first_time = time_lo_;
-        stats_.last_time = std::max(stats_.last_time, time_hi_);
+    if (time_lo_ <= time_hi_) {  // over every run() so far, as the stats are
+        stats_.first_time = time_lo_;
+        stats_.last_time = time_hi_;
         stats_.have_time = true;
     }
     stats_.unknown_types += side->unknown_types;
