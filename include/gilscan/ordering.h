@@ -68,7 +68,7 @@ public:
         uint64_t offset;
         uint32_t chunk;
         bool compressed;
-        int event;  // RawRecord::event as pushed (-1: not known)
+        int event;  // RawRecord::event as pushed, -1 .. 4094 (-1: not known)
     };
     // The mean size of the records of the latest round arranged (a
     // deliver(const Ready&) that bounds bytes in flight counts by it).
@@ -440,25 +440,25 @@ private:
     // there were two more writes per record).
     template <class Deliver>
     void emit_from(const Entries& side, size_t& head, size_t end, RawRecord& r, Deliver& deliver) {
-        if constexpr (std::is_invocable_v<Deliver&, const Ready&>) {
-            const Entry& e = side[head++];
-            const uint32_t chunk = e.chunk();
-            const bool compressed = chunks_.compressed(chunk);
-            --queued_;
-            deliver(Ready{chunks_.data(chunk) + e.pos, chunks_.base(chunk) + (compressed ? 0 : e.pos), chunk,
-                          compressed, e.event()});
-        } else {
+        constexpr bool ready = std::is_invocable_v<Deliver&, const Ready&>;
+        if constexpr (!ready) {
             if (head + kAhead < end) prefetch(side[head + kAhead]);
-            const Entry& e = side[head++];
-            const uint32_t chunk = e.chunk();
-            const uint8_t* rec = chunks_.data(chunk) + e.pos;
+        }
+        const Entry& e = side[head++];
+        const uint32_t chunk = e.chunk();
+        const uint8_t* rec = chunks_.data(chunk) + e.pos;
+        const bool compressed = chunks_.compressed(chunk);
+        const uint64_t offset = chunks_.base(chunk) + (compressed ? 0 : e.pos);
+        --queued_;
+        if constexpr (ready) {
+            deliver(Ready{rec, offset, chunk, compressed, e.event()});
+        } else {
             read_header(rec, swap_, r);
             r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.compressed = chunks_.compressed(chunk);
-            r.offset = chunks_.base(chunk) + (r.compressed ? 0 : e.pos);
+            r.compressed = compressed;
+            r.offset = offset;
             r.chunk = chunk;
             r.event = e.event();
-            --queued_;
             deliver(r);
         }
     }
