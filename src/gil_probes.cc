@@ -61,12 +61,6 @@ void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     if (p.holder == th.st.tid) set_holder(p, -1, t);
 }
 
-void GilTracker::learn_kind(const EventInfo& ev) {
-    const auto i = static_cast<size_t>(ev.index);
-    if (i >= kinds_.size()) kinds_.resize(i + 1, {TpKind::Other, ~0u});
-    kinds_[i] = {gil_probe_kind(ev.name), ev.generation};
-}
-
 __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, TpKind k) {
     ++probe_events_;
     const uint64_t t = s.time;

@@ -12,14 +12,6 @@ ReaderStacks::ReaderStacks(ModuleCache& modules, std::shared_ptr<GilStackClassif
     gsc_.set_never_wait(true);  // a sleep whose label would wait for the stages is theirs: the reader reads on
 }
 
-TpKind ReaderStacks::probe_kind(const EventInfo& ev) {
-    const size_t i = static_cast<size_t>(ev.index);
-    if (probe_kinds_.size() <= i) probe_kinds_.resize(i + 1);
-    EventKind& k = probe_kinds_[i];
-    if (k.generation != ev.generation) k = {gil_probe_kind(ev.name), ev.generation};  // first sight, or renamed
-    return k.kind;
-}
-
 const void* ReaderStacks::on_record(const RawRecord& r, const EventInfo& ev, bool spare) {
     // Decoded as Session::deliver decodes them; what does not decode is
     // skipped there too. The address spaces follow every record, spare time
@@ -51,7 +43,7 @@ const void* ReaderStacks::on_record(const RawRecord& r, const EventInfo& ev, boo
         if (probes_seen_ || !(spare || always_)) {
             // Only a GIL probe's sample matters now (it ends the work here);
             // scheduler samples are left to the stages.
-            if (!stop_at_probes_ || probes_seen_ || !is_gil_probe(probe_kind(ev))) return nullptr;
+            if (!stop_at_probes_ || probes_seen_ || !is_gil_probe(ev.gil_kind)) return nullptr;
         }
         const size_t i = static_cast<size_t>(ev.index);
         if (samples_.size() <= i) samples_.resize(i + 1);
@@ -68,11 +60,11 @@ const ReaderStacks::Note* ReaderStacks::classify(const Sample& s, const EventInf
     // classification: GilTracker (a probe sample), Timeline::on_sample (a
     // decodable sched_switch of a real task into S), and analysis.cc's
     // classifier (user registers and stack recorded).
-    if (stop_at_probes_ && s.tid > 0 && is_gil_probe(probe_kind(ev))) {
+    if (stop_at_probes_ && s.tid > 0 && is_gil_probe(ev.gil_kind)) {
         probes_seen_ = true;
         return nullptr;
     }
-    if (dec_.kind(ev) != TpKind::SchedSwitch) return nullptr;
+    if (ev.kind != TpKind::SchedSwitch) return nullptr;
     SchedSwitch sw;
     if (!dec_.decode(s, ev, swap_, sw) || sw.prev_pid <= 0) return nullptr;
     if (dec_.prev_state(ev, sw.prev_state).cls != StateClass::Sleeping) return nullptr;

@@ -24,6 +24,28 @@ TpKind gil_probe_kind(std::string_view name) {
     return TpKind::Other;
 }
 
+TpKind event_kind(const TpFormat* fmt, std::string_view name) {
+    // Without a format no field can be read: not even a uprobe's sample is
+    // decoded then (the GIL tracker goes by the name alone: EventInfo::gil_kind).
+    if (!fmt) return TpKind::Other;
+    const std::string n = fmt->full_name();
+    auto has = [&](std::initializer_list<const char*> names) {
+        for (const char* x : names)
+            if (!fmt->field(x)) return false;
+        return true;
+    };
+    // A scheduler tracepoint without the fields it is read by is nothing
+    // this analysis can use.
+    if (n == "sched:sched_switch") return has({"prev_pid", "next_pid", "prev_state"}) ? TpKind::SchedSwitch : TpKind::Other;
+    if (n == "sched:sched_waking") return has({"pid"}) ? TpKind::SchedWaking : TpKind::Other;
+    if (n == "sched:sched_wakeup") return has({"pid"}) ? TpKind::SchedWakeup : TpKind::Other;
+    if (n == "sched:sched_wakeup_new") return has({"pid"}) ? TpKind::SchedWakeupNew : TpKind::Other;
+    if (n == "sched:sched_process_fork") return has({"parent_pid", "child_pid"}) ? TpKind::SchedProcessFork : TpKind::Other;
+    if (n == "sched:sched_process_exit") return has({"pid"}) ? TpKind::SchedProcessExit : TpKind::Other;
+    if (n == "sched:sched_process_exec") return TpKind::SchedProcessExec;
+    return gil_probe_kind(name);
+}
+
 PrevStateTable PrevStateTable::from_print_fmt(std::string_view fmt) {
     PrevStateTable t;
     // Pairs like { 0x00000001, "S" } or { 1, "S" } inside __print_flags(...).
@@ -123,14 +145,9 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     f.ready = true;
     f.generation = ev.generation;
     const TpFormat* fmt = ev.format;
-    if (!fmt) return f;
-    std::string n = fmt->full_name();
-    auto need = [&](std::initializer_list<const TpField*> fs) {
-        for (auto* p : fs)
-            if (!p) return false;
-        return true;
-    };
-    if (n == "sched:sched_switch") {
+    f.kind = event_kind(fmt, ev.name);
+    switch (f.kind) {
+    case TpKind::SchedSwitch: {
         f.a = fmt->field("prev_pid");
         f.b = fmt->field("next_pid");
         f.c = fmt->field("prev_state");
@@ -138,39 +155,36 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
         f.e = fmt->field("next_comm");
         f.f = fmt->field("prev_prio");
         f.g = fmt->field("next_prio");
-        if (need({f.a, f.b, f.c})) f.kind = TpKind::SchedSwitch;
-        f.states = PrevStateTable::from_print_fmt(fmt->print_fmt);
-        if (f.kind == TpKind::SchedSwitch) {
-            auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
-            auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
-            f.fixed_switch = int_ok(f.a) && int_ok(f.b) && int_ok(f.c) && int_ok(f.f) && int_ok(f.g) && plain(f.d) &&
-                             plain(f.e);
-            for (const TpField* x : {f.a, f.b, f.c, f.d, f.e, f.f, f.g})
-                if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
-        }
-    } else if (n == "sched:sched_waking" || n == "sched:sched_wakeup" || n == "sched:sched_wakeup_new") {
+        auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
+        auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
+        f.fixed_switch = int_ok(f.a) && int_ok(f.b) && int_ok(f.c) && int_ok(f.f) && int_ok(f.g) && plain(f.d) &&
+                         plain(f.e);
+        for (const TpField* x : {f.a, f.b, f.c, f.d, f.e, f.f, f.g})
+            if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
+        break;
+    }
+    case TpKind::SchedWaking:
+    case TpKind::SchedWakeup:
+    case TpKind::SchedWakeupNew:
         f.a = fmt->field("pid");
         f.b = fmt->field("target_cpu");
         f.d = fmt->field("comm");
-        if (need({f.a}))
-            f.kind = n == "sched:sched_waking"  ? TpKind::SchedWaking
-                     : n == "sched:sched_wakeup" ? TpKind::SchedWakeup
-                                                 : TpKind::SchedWakeupNew;
-    } else if (n == "sched:sched_process_fork") {
+        break;
+    case TpKind::SchedProcessFork:
         f.a = fmt->field("parent_pid");
         f.b = fmt->field("child_pid");
         f.d = fmt->field("parent_comm");
         f.e = fmt->field("child_comm");
-        if (need({f.a, f.b})) f.kind = TpKind::SchedProcessFork;
-    } else if (n == "sched:sched_process_exit") {
+        break;
+    case TpKind::SchedProcessExit:
         f.a = fmt->field("pid");
         f.d = fmt->field("comm");
-        if (need({f.a})) f.kind = TpKind::SchedProcessExit;
-    } else if (n == "sched:sched_process_exec") {
-        f.kind = TpKind::SchedProcessExec;
-    } else {
-        f.kind = gil_probe_kind(ev.name);
+        break;
+    default: break;
     }
+    // The masks are read from any sched_switch format, usable or not
+    // (prev_state_table() is asked for them).
+    if (fmt && fmt->full_name() == "sched:sched_switch") f.states = PrevStateTable::from_print_fmt(fmt->print_fmt);
     return f;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gilscan/perf_abi.h"
+#include "gilscan/sched_events.h"
 
 namespace gilscan {
 
@@ -96,7 +97,6 @@ void Session::resolve_names_and_formats() {
         }
     }
     for (auto& ev : events_) {
-        ++ev.generation;
         if (ev.attr.type == PERF_TYPE_TRACEPOINT && !ev.format) ev.format = tracing_.by_id(ev.attr.config);
         if (!ev.name_known) {
             // Until EVENT_DESC or the formats arrive (pipe mode), a placeholder.
@@ -107,7 +107,14 @@ void Session::resolve_names_and_formats() {
                 ev.name = "type" + std::to_string(ev.attr.type) + ":config" + std::to_string(ev.attr.config);
             }
         }
+        renamed(ev);
     }
+}
+
+void Session::renamed(EventInfo& ev) {
+    ++ev.generation;
+    ev.kind = event_kind(ev.format, ev.name);
+    ev.gil_kind = gil_probe_kind(ev.name);
 }
 
 std::string Session::clock() const {
@@ -147,7 +154,7 @@ void Session::handle_user_record(const RawRecord& r) {
             if (ev >= 0) {
                 events_[static_cast<size_t>(ev)].name = std::string(c.fixed_string(c.left()));
                 events_[static_cast<size_t>(ev)].name_known = true;
-                ++events_[static_cast<size_t>(ev)].generation;
+                renamed(events_[static_cast<size_t>(ev)]);
             }
         }
         break;

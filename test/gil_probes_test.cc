@@ -121,3 +121,40 @@ TEST_CASE("FanOutOf: every event to each sink, in the order given") {
     CHECK(a == std::vector<std::string>{"2:sample", "1:sample", "2:comm", "1:comm", "2:fork", "1:fork",
                                         "2:exit", "1:exit", "2:mmap", "1:mmap", "2:lost", "1:lost"});
 }
+
+TEST_CASE("an event's kinds are the session's, worked out again when EVENT_UPDATE renames it mid-stream") {
+    // The GIL tracker goes by the event's name (EventInfo::gil_kind), the
+    // timeline by its format (EventInfo::kind): a rename takes effect for
+    // what is delivered after it, in file mode and in pipe mode alike.
+    for (const bool pipe : {false, true}) {
+        CAPTURE(pipe);
+        SchedRecording r;
+        r.waking(100, 0, 10, 11, 12);
+        r.waking(110, 0, 10, 11, 12);
+        // Two rounds' ends: the first two samples are delivered before the
+        // update is read (records still queued when a user record arrives
+        // are delivered after it, as perf applies such records at once).
+        r.w.finished_round();
+        r.w.finished_round();
+        Out u;  // PERF_RECORD_EVENT_UPDATE {u64 type = NAME (2), u64 id, char name[]}
+        u.put<uint64_t>(2);
+        u.put<uint64_t>(r.w.attrs[r.wk].ids[0]);
+        u.str("python:take_gil");
+        u.pad(8);
+        r.w.record(PERF_RECORD_EVENT_UPDATE, 0, u.b);
+        r.waking(120, 0, 10, 11, 12);
+        r.waking(130, 0, 10, 11, 12);
+        r.waking(140, 0, 10, 11, 12);
+        TempFile f(pipe ? r.w.build_pipe() : r.w.build());
+        Session s(f.path);
+        GilTracker gil(nullptr);
+        s.run(gil);
+        CHECK(gil.probe_events() == 3);
+        const EventInfo& ev = s.events()[static_cast<size_t>(r.wk)];
+        CHECK(ev.name == "python:take_gil");
+        CHECK(ev.gil_kind == TpKind::GilTake);
+        CHECK(ev.kind == TpKind::SchedWaking);  // its format is still sched_waking's
+        CHECK(s.events()[static_cast<size_t>(r.sw)].kind == TpKind::SchedSwitch);
+        CHECK(s.events()[static_cast<size_t>(r.sw)].gil_kind == TpKind::Other);
+    }
+}

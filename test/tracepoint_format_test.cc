@@ -5,6 +5,7 @@
 #include "gilscan/sched_events.h"
 #include "gilscan/tracepoint_format.h"
 #include "perf_writer.h"
+#include "test_util.h"
 
 using namespace gilscan;
 
@@ -88,6 +89,34 @@ TEST_CASE("GIL uprobe names in any group, with perf's duplicate suffixes") {
     CHECK(gil_probe_kind("python:drop_gil_2__return") == TpKind::GilDropReturn);
     CHECK(gil_probe_kind("python:take_gil_helper") == TpKind::Other);
     CHECK(gil_probe_kind("sched:sched_switch") == TpKind::Other);
+}
+
+TEST_CASE("event kinds: scheduler tracepoints by their format and the fields read, GIL probes by name") {
+    const TpFormat sw = parse_tracepoint_format("sched", test::kSchedSwitchFormat);
+    const TpFormat wk = parse_tracepoint_format("sched", test::kSchedWakingFormat);
+    CHECK(event_kind(&sw, "sched:sched_switch") == TpKind::SchedSwitch);
+    CHECK(event_kind(&sw, "renamed") == TpKind::SchedSwitch);  // the format's name decides
+    CHECK(event_kind(&wk, "sched:sched_waking") == TpKind::SchedWaking);
+    CHECK(event_kind(nullptr, "sched:sched_switch") == TpKind::Other);  // nothing to read its fields by
+    CHECK(event_kind(nullptr, "python:take_gil") == TpKind::Other);
+    TpFormat no_state = sw;  // without a field the timeline reads: not a switch it can use
+    std::erase_if(no_state.fields, [](const TpField& x) { return x.name == "prev_state"; });
+    CHECK(event_kind(&no_state, "sched:sched_switch") == TpKind::Other);
+    const TpFormat probe = parse_tracepoint_format("python", test::probe_format("take_gil__return", 2002, true));
+    CHECK(event_kind(&probe, "python:take_gil__return") == TpKind::GilTakeReturn);
+    // The decoder agrees with the kind it decodes by.
+    EventInfo ev;
+    ev.format = &no_state;
+    ev.name = "sched:sched_switch";
+    TracepointDecoder dec;
+    SchedSwitch out;
+    std::vector<uint8_t> raw(64, 0);
+    Sample s;
+    s.raw = Bytes(raw.data(), raw.size());
+    CHECK_FALSE(dec.decode(s, ev, false, out));
+    ev.format = &sw;
+    ++ev.generation;
+    CHECK(dec.decode(s, ev, false, out));
 }
 
 TEST_CASE("fixed char[N] strings end at their first NUL, whatever the bytes around it") {

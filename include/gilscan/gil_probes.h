@@ -68,15 +68,12 @@ class GilTracker final : public EventSink {
 public:
     explicit GilTracker(TraceSink* trace) : trace_(trace) {}
 
-    // Most records are not GIL probes: they only look up their kind here
-    // (inline: FanOutOf calls it directly). The probe's work is a function
-    // of its own, so that this path does not save and restore the registers
-    // that work needs (18 instructions a record).
+    // Most records are not GIL probes: they only test their event's kind
+    // here (inline: FanOutOf calls it directly). The probe's work is a
+    // function of its own, so that this path does not save and restore the
+    // registers that work needs (18 instructions a record).
     void on_sample(const Sample& s, const EventInfo& ev) override {
-        const auto i = static_cast<size_t>(ev.index);
-        if (i >= kinds_.size() || kinds_[i].generation != ev.generation) [[unlikely]]
-            learn_kind(ev);  // first sight, or renamed
-        const TpKind k = kinds_[i].kind;
+        const TpKind k = ev.gil_kind;
         if (!is_gil_probe(k) || s.tid <= 0) return;
         on_probe(s, k);
     }
@@ -119,7 +116,6 @@ private:
     Thread& add_thread(int32_t pid, int32_t tid);
     Process& add_process(int32_t pid);
     void on_probe(const Sample& s, TpKind k);  // a GIL probe's sample
-    void learn_kind(const EventInfo& ev);
     void account(Process& p, uint64_t t);  // integrate the process counters up to t
     void set_holder(Process& p, int32_t tid, uint64_t t);
     void waiters_changed(Process& p, uint64_t t);
@@ -127,11 +123,6 @@ private:
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
     TraceSink* trace_;
-    struct Kind {
-        TpKind kind;
-        uint32_t generation;  // of the EventInfo it was derived from
-    };
-    std::vector<Kind> kinds_;  // per EventInfo index
     IdMap<Thread*> threads_;  // tid -> its entry in all_
     std::deque<Thread> all_;  // deque: entries never move
     IdMap<Process*> proc_index_;  // pid -> its entry in procs_

@@ -67,18 +67,12 @@ public:
     uint64_t notes_abandoned() const { return abandoned_; }
 
 private:
-    struct EventKind {
-        TpKind kind = TpKind::Other;
-        uint32_t generation = ~0u;
-    };
-    TpKind probe_kind(const EventInfo& ev);
     const Note* classify(const Sample& s, const EventInfo& ev);
 
     ProcessMaps maps_;
     TracepointDecoder dec_;
     GilStackClassifier gsc_;
     std::vector<Sample> samples_;       // by event index, reused
-    std::vector<EventKind> probe_kinds_;  // by event index
     std::vector<std::unique_ptr<Note>> notes_;
     std::vector<Note*> free_;
     bool swap_;

@@ -2,7 +2,7 @@
 // with every field read through the formats embedded in the recording.
 //
 //   TracepointDecoder dec;
-//   switch (dec.kind(ev)) {
+//   switch (ev.kind) {                    // the session's event_kind(): TpKind
 //   case TpKind::SchedSwitch: { SchedSwitch sw; if (dec.decode(smp, ev, swap, sw)) ...; }
 //   ...
 //   }
@@ -23,30 +23,15 @@
 
 #include "gilscan/sample.h"
 #include "gilscan/session.h"
+#include "gilscan/tp_kind.h"
 #include "gilscan/tracepoint_format.h"
 
 namespace gilscan {
 
-enum class TpKind : uint8_t {
-    Other,
-    SchedSwitch,
-    SchedWakeup,
-    SchedWakeupNew,
-    SchedWaking,
-    SchedProcessFork,
-    SchedProcessExit,
-    SchedProcessExec,
-    GilTake,  // GilTake .. GilDropReturn together, in this order: is_gil_probe()
-    GilTakeReturn,
-    GilDrop,
-    GilDropReturn,
-};
-
-// Uprobe event names: take_gil, take_gil__return, take_gil_1 (perf's suffix
-// for an inlined function placed several times), any group.
-TpKind gil_probe_kind(std::string_view event_name);
-// One of take_gil / drop_gil, entry or return.
-inline bool is_gil_probe(TpKind k) { return k >= TpKind::GilTake && k <= TpKind::GilDropReturn; }
+// What an event is to the analysis, by its format's name and fields (what
+// TracepointDecoder can decode) or, for a uprobe, its name: worked out by
+// the session when an event's name or format changes (EventInfo::kind).
+TpKind event_kind(const TpFormat* format, std::string_view event_name);
 
 struct SchedSwitch {
     int32_t prev_pid = 0, next_pid = 0;
@@ -89,7 +74,6 @@ struct PrevStateTable {
 
 class TracepointDecoder {
 public:
-    TpKind kind(const EventInfo& ev) { return fields(ev).kind; }  // inline: once per sample
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedSwitch& out);
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedWake& out);
     bool decode(const Sample& s, const EventInfo& ev, bool swap, SchedFork& out);

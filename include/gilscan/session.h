@@ -31,6 +31,7 @@
 #include "gilscan/ordering.h"
 #include "gilscan/record_stream.h"
 #include "gilscan/sample.h"
+#include "gilscan/tp_kind.h"
 #include "gilscan/tracing_data.h"
 
 namespace gilscan {
@@ -43,9 +44,14 @@ struct EventInfo {
     bool name_known = false;          // from EVENT_DESC / EVENT_UPDATE / the formats, not "typeN:configM"
     const TpFormat* format = nullptr;  // tracepoints (and uprobes) only
     // Bumped whenever name or format may have changed (pipe mode's header
-    // records): what a stage cached from either (a kind, a field's position
-    // inside the old formats) is stale, and must be worked out again.
+    // records): what a stage cached from either (a field's position inside
+    // the old formats) is stale, and must be worked out again.
     uint32_t generation = 0;
+    // Worked out with each generation, for the stages to read per sample
+    // (each stage's own table by event index, checked against the
+    // generation, was some 20 instructions a sample, twice):
+    TpKind kind = TpKind::Other;      // event_kind(format, name): what TracepointDecoder decodes
+    TpKind gil_kind = TpKind::Other;  // gil_probe_kind(name): a GIL probe by its name, format or not
 };
 
 struct DecodeStats {
@@ -136,6 +142,8 @@ public:
 private:
     void add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids);
     void resolve_names_and_formats();
+    // After an event's name or format may have changed: a new generation, its kinds again.
+    void renamed(EventInfo& ev);
     void set_tracing(Bytes data, uint64_t offset);
     void handle_user_record(const RawRecord& r);  // attrs, formats, features, names: reader thread, stages idle
     // r's type, size, body and note are set, and the event where the reader

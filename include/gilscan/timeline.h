@@ -128,7 +128,7 @@ public:
     void on_sample(const Sample& s, const EventInfo& ev) override {
         if (!pending_.empty()) [[unlikely]]
             drain(false);
-        const TpKind k = dec_.kind(ev);
+        const TpKind k = ev.kind;
         if (k == TpKind::Other) return;
         if (is_gil_probe(k))
             running_sample(s);
