@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "gilscan/byte_buffer.h"
 #include "gilscan/handoff.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/session.h"
@@ -30,6 +31,8 @@ struct Handed {
 };
 // Handed::event from the reader's lookup: events past int16_t go as not
 // known (the stages look them up), never as another event.
+// Batches of them: resized, then written (no zero fill first).
+using HandedBatch = std::vector<Handed, UninitAllocator<Handed>>;
 int16_t handed_event(int ev) { return static_cast<int16_t>(ev >= 0 && ev <= INT16_MAX ? ev : -1); }
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every
@@ -61,7 +64,7 @@ struct alignas(128) ReaderSide {
     ChunkTable chunks;  // before rs and q: they release chunks when destroyed
     RecordStream rs;
     OrderedQueue q;
-    std::vector<Handed> batch, back;
+    HandedBatch batch, back;
     size_t batch_bytes = 0;
     // The session's EventIds, copied on the reader thread (see event_ids.h),
     // and again after each header record that may change them (pipe mode).
@@ -99,10 +102,10 @@ void Session::run(EventSink& sink) {
     // round released at FINISHED_ROUND is pumped into it while the next
     // round is read (OrderedQueue::pump), so both threads stay busy even
     // when a round is several times what may be in flight.
-    Handoff<Handed> handoff(64, kInFlightBytes);
+    Handoff<Handed, UninitAllocator<Handed>> handoff(64, kInFlightBytes);
 
     // The stages' side: records of one batch to the sink.
-    auto consume = [&](const std::vector<Handed>& batch) {
+    auto consume = [&](const HandedBatch& batch) {
         RawRecord r;
         const size_t n = batch.size();
         for (size_t i = 0; i < n; ++i) {
@@ -138,7 +141,7 @@ void Session::run(EventSink& sink) {
         const EventIds& ids = rd.ids;
         const bool swap = header_.swap;
         ChunkTable& chunks = rd.chunks;
-        std::vector<Handed>& batch = rd.batch;
+        HandedBatch& batch = rd.batch;
         batch.reserve(kBatch);
         auto send = [&] {
             if (batch.empty() || rd.stopped) return;
@@ -186,23 +189,39 @@ void Session::run(EventSink& sink) {
         RecordStream& rs = rd.rs;
         OrderedQueue& q = rd.q;
         // Without a reader stage nothing here needs a queued record's bytes:
-        // the queue hands on where each one is, and the batch's bytes are
-        // counted at the round's mean record size (the bound is on memory
-        // and latency, not exact).
-        auto hand_ready = [&](const OrderedQueue::Ready& x) {
-            // The entry holds events up to 4094 only: no clamp (it was 7
-            // instructions a record here). Written out as in hand(): shared
-            // through a lambda, it was 3 more.
-            batch.push_back({x.rec, x.offset, nullptr, x.chunk, static_cast<int16_t>(x.event), x.compressed});
-            rd.batch_bytes += q.mean_record_size();
-            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+        // the queue hands on runs of where each one is, and the batch's bytes
+        // are counted at the round's mean record size (the bound is on memory
+        // and latency, not exact). A batch is filled from a run in one loop
+        // (as much of it as the batch takes), then sent if full.
+        auto hand_run = [&](OrderedQueue::Run run) {
+            const size_t mean = q.mean_record_size();
+            const OrderedQueue::Entry* e = run.first;
+            while (e != run.last) {
+                // Room by count and by bytes (at least one: a send empties the batch).
+                const size_t by_bytes = rd.batch_bytes < kBatchBytes ? (kBatchBytes - rd.batch_bytes + mean - 1) / mean : 1;
+                const size_t take = std::min({static_cast<size_t>(run.last - e), kBatch - batch.size(), by_bytes});
+                // Grown once, then written (a push_back per record tested
+                // the capacity each time).
+                const size_t at = batch.size();
+                batch.resize(at + take);
+                Handed* out = batch.data() + at;
+                for (const OrderedQueue::Entry* const stop = e + take; e != stop; ++e, ++out) {
+                    // The entry holds events up to 4094 only: no clamp.
+                    const uint32_t chunk = e->chunk();
+                    const bool compressed = chunks.compressed(chunk);
+                    *out = {chunks.data(chunk) + e->pos, chunks.base(chunk) + (compressed ? 0 : e->pos), nullptr, chunk,
+                            static_cast<int16_t>(e->event()), compressed};
+                }
+                rd.batch_bytes += take * mean;
+                if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+            }
         };
         // The queue's operations, with the hand that fits.
         auto queued = [&](auto&& op) {
             if (stage)
                 op(hand);
             else
-                op(hand_ready);
+                op(hand_run);
         };
         try {
             uint64_t next_progress = begin;
@@ -289,7 +308,7 @@ void Session::run(EventSink& sink) {
             pthread_setname_np(pthread_self(), "gilscan-read");
             read_all();
         });
-        std::vector<Handed> batch;
+        HandedBatch batch;
         try {
             while (handoff.pop(batch)) {
                 consume(batch);

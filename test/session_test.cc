@@ -583,7 +583,7 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
     }
 }
 
-TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRecord deliver reads it, in the same order, with its event") {
+TEST_CASE("ordering: a deliver(Run) is handed each record where a RawRecord deliver reads it, in the same order, with its event") {
     // Records of 16, 24 and 40 bytes in a file chunk and a decompressed one
     // (whose records' offset is that of their COMPRESSED record), 4 CPU runs
     // per round with ties and late records, pumped a few at a time; with and
@@ -602,6 +602,7 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
         // holds), by chunk and position; the same in both plays.
         std::map<std::pair<uint32_t, uint64_t>, int> pushed_event;
         std::vector<size_t> means;  // mean_record_size() after each round
+        size_t longest_run = 0;
         auto play = [&](bool ready) {
             ChunkTable chunks;
             OrderedQueue q(chunks, max_queued);
@@ -617,9 +618,15 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
                                r.chunk, r.compressed, r.event});
                 chunks.release(r.chunk);
             };
-            auto at = [&](const OrderedQueue::Ready& x) {
-                out.push_back({static_cast<uint64_t>(x.rec - chunks.data(x.chunk)), x.offset, x.chunk, x.compressed, x.event});
-                chunks.release(x.chunk);
+            auto at = [&](OrderedQueue::Run run) {
+                REQUIRE(run.first < run.last);
+                longest_run = std::max<size_t>(longest_run, static_cast<size_t>(run.last - run.first));
+                for (const OrderedQueue::Entry* e = run.first; e != run.last; ++e) {
+                    const uint32_t c = e->chunk();
+                    out.push_back({e->pos, chunks.base(c) + (chunks.compressed(c) ? 0 : e->pos), c, chunks.compressed(c),
+                                   e->event()});
+                    chunks.release(c);
+                }
             };
             auto run = [&](auto&& op) {
                 if (ready)
@@ -677,6 +684,7 @@ TEST_CASE("ordering: a deliver(const Ready&) is handed each record where a RawRe
         REQUIRE(by_raw.size() == 8 * 4 * 30);
         CHECK(by_ready == by_raw);
         CHECK(means == raw_means);
+        CHECK(longest_run > 1);  // runs of several records, not only one at a time
         size_t decompressed = 0;
         for (const Out& o : by_raw) {
             if (o.compressed) {

@@ -18,19 +18,23 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 namespace gilscan {
 
-template <class T>
+// Batches are std::vector<T, Alloc> (Alloc: UninitAllocator for a batch
+// that is resized and then written, byte_buffer.h).
+template <class T, class Alloc = std::allocator<T>>
 class Handoff {
 public:
+    using Batch = std::vector<T, Alloc>;
     // At most max_batches queued and, when max_bytes > 0, at most that many
     // bytes (a batch always fits into an empty queue).
     explicit Handoff(size_t max_batches, size_t max_bytes = 0) : max_(max_batches), max_bytes_(max_bytes) {}
 
-    bool push(std::vector<T>&& batch, size_t bytes = 0) {
+    bool push(Batch&& batch, size_t bytes = 0) {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] {
             return aborted_ || (full_.size() < max_ && fits(full_.empty() ? 0 : queued_bytes(), bytes));
@@ -42,7 +46,7 @@ public:
         cv_.notify_all();
         return true;
     }
-    bool pop(std::vector<T>& out) {
+    bool pop(Batch& out) {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return closed_ || aborted_ || !full_.empty(); });
         if (aborted_ || full_.empty()) return false;
@@ -52,13 +56,13 @@ public:
         cv_.notify_all();
         return true;
     }
-    void done(std::vector<T>&& batch) {
+    void done(Batch&& batch) {
         std::lock_guard<std::mutex> l(mu_);
         done_.push_back(std::move(batch));
         ++finished_;
         cv_.notify_all();
     }
-    bool take_done(std::vector<T>& out) {
+    bool take_done(Batch& out) {
         std::lock_guard<std::mutex> l(mu_);
         if (done_.empty()) return false;
         out = std::move(done_.back());
@@ -94,11 +98,11 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     struct Queued {
-        std::vector<T> batch;
+        Batch batch;
         size_t bytes;
     };
     std::deque<Queued> full_;
-    std::vector<std::vector<T>> done_;
+    std::vector<Batch> done_;
     size_t max_, max_bytes_;
     std::atomic<size_t> queued_{0};  // bytes of full_
     uint64_t pushed_ = 0, finished_ = 0;
