@@ -164,9 +164,13 @@ void Session::run(EventSink& sink) {
             // one per send: they would pile up beside the 64 in flight), and
             // reuse one of those vectors.
             while (handoff.take_done(rd.back)) {
-                for (const Handed& h : rd.back) {
-                    chunks.release(h.chunk);
-                    if (h.note) stage->release(h.note);
+                if (stage) {
+                    for (const Handed& h : rd.back) {
+                        chunks.release(h.chunk);
+                        if (h.note) stage->release(h.note);
+                    }
+                } else {
+                    for (const Handed& h : rd.back) chunks.release(h.chunk);  // no notes: none to test for
                 }
                 rd.back.clear();
                 if (batch.capacity() < rd.back.capacity()) batch.swap(rd.back);
