@@ -165,11 +165,18 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     }
     case TpKind::SchedWaking:
     case TpKind::SchedWakeup:
-    case TpKind::SchedWakeupNew:
+    case TpKind::SchedWakeupNew: {
         f.a = fmt->field("pid");
         f.b = fmt->field("target_cpu");
         f.d = fmt->field("comm");
+        // As for sched_switch: every field at a fixed place, one length test.
+        auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
+        auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
+        f.fixed_wake = int_ok(f.a) && int_ok(f.b) && plain(f.d);
+        for (const TpField* x : {f.a, f.b, f.d})
+            if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
         break;
+    }
     case TpKind::SchedProcessFork:
         f.a = fmt->field("parent_pid");
         f.b = fmt->field("child_pid");
@@ -249,6 +256,15 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
     Fields& f = fields(ev);
     if (f.kind != TpKind::SchedWaking && f.kind != TpKind::SchedWakeup && f.kind != TpKind::SchedWakeupNew)
         return false;
+    if (f.fixed_wake && s.raw.size() >= f.fixed_end) [[likely]] {
+        const uint8_t* p = s.raw.data();
+        with_byte_order(swap, [&](auto sw) {
+            o.pid = static_cast<int32_t>(int_at(p, *f.a, sw));
+            if (f.b) o.target_cpu = static_cast<int32_t>(int_at(p, *f.b, sw));
+            if (f.d) o.comm = str_at(p, *f.d);
+        });
+        return true;
+    }
     bool ok = true;
     with_byte_order(swap, [&](auto sw) {
         o.pid = static_cast<int32_t>(read_int(s.raw, *f.a, sw, &ok));

@@ -217,3 +217,65 @@ TEST_CASE("sched_switch decodes at fixed offsets as field by field: int sizes, s
     CHECK(checked == 5u * 2 * 3000);
     CHECK(fast > 4000);
 }
+
+TEST_CASE("sched_waking decodes at fixed offsets as field by field: int sizes, signedness, byte orders, short and __data_loc records") {
+    // Linux 6.1's layout (comm a char[16]); the test writer's has comm as a
+    // __data_loc string (newer kernels), read field by field.
+    const TpFormat standard = parse_tracepoint_format(
+        "sched",
+        "name: sched_waking\nID: 375\nformat:\n"
+        "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+        "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+        "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+        "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+        "\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;\n"
+        "\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;\n"
+        "\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;\n"
+        "\tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;\n\n"
+        "print fmt: \"comm=%s pid=%d prio=%d target_cpu=%03d\", REC->comm, REC->pid, REC->prio, REC->target_cpu\n");
+    auto variant = [&](auto change) {
+        TpFormat f = standard;
+        for (auto& x : f.fields) change(x);
+        return f;
+    };
+    std::vector<TpFormat> formats = {
+        standard,
+        variant([](TpField& x) { if (x.name == "pid") x.is_signed = false; }),
+        variant([](TpField& x) { if (x.name == "target_cpu") { x.size = 8; } }),
+        parse_tracepoint_format("sched", test::kSchedWakingFormat),                // __data_loc comm: field by field
+        variant([](TpField& x) { if (x.name == "target_cpu") x.size = 2; }),       // field by field
+    };
+    size_t fast = 0, checked = 0;
+    uint64_t seed = 5;
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
+    for (const TpFormat& fmt : formats)
+    for (const bool swap : {false, true}) {
+        EventInfo ev;
+        ev.format = &fmt;
+        ev.name = "sched:sched_waking";
+        TracepointDecoder dec;
+        const auto* a = fmt.field("pid");
+        const auto* b = fmt.field("target_cpu");
+        const auto* d = fmt.field("comm");
+        REQUIRE(a);
+        REQUIRE(b);
+        REQUIRE(d);
+        for (int i = 0; i < 3000; ++i) {
+            std::vector<uint8_t> raw(i % 10 == 0 ? rnd() % 48 : 40 + rnd() % 8);  // some too short
+            for (auto& x : raw) x = rnd() % 3 ? rnd() : 0;
+            Sample s;
+            s.raw = Bytes(raw.data(), raw.size());
+            SchedWake got, want;
+            bool ok = true;
+            want.pid = static_cast<int32_t>(read_int(s.raw, *a, swap, &ok));
+            want.target_cpu = static_cast<int32_t>(read_int(s.raw, *b, swap));
+            want.comm = read_str(s.raw, *d, swap);
+            REQUIRE(dec.decode(s, ev, swap, got) == ok);
+            CHECK(std::tuple(got.pid, got.target_cpu, got.comm) == std::tuple(want.pid, want.target_cpu, want.comm));
+            fast += ok && &fmt != &formats[3] && &fmt != &formats[4];
+            ++checked;
+        }
+    }
+    CHECK(checked == 5u * 2 * 3000);
+    CHECK(fast > 4000);
+}
