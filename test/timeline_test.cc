@@ -246,6 +246,49 @@ TEST_CASE("IdMap against std::map: random sets and erases, probe runs that wrap,
     }
 }
 
+TEST_CASE("PtrIdMap against std::map: direct pages, ids at and past 2^22, negative ids, erase and reuse") {
+    std::mt19937_64 rng(777);
+    int values[1000];
+    for (int round = 0; round < 3; ++round) {
+        PtrIdMap<int> m;
+        std::map<int64_t, int*> ref;
+        std::vector<int64_t> keys;
+        for (int i = 0; i < 300; ++i) keys.push_back(2000000 + i);            // one process's tids
+        for (int i = 0; i < 100; ++i) keys.push_back(int64_t(rng() % (1u << 22)));  // scattered over the range
+        for (int i = 0; i < 8; ++i) keys.push_back(255 + i * 256);            // page edges
+        keys.push_back(0);
+        keys.push_back((int64_t{1} << 22) - 1);  // the last direct id
+        keys.push_back(int64_t{1} << 22);        // the first that is not
+        keys.push_back(int64_t{1} << 40);
+        keys.push_back(-1);
+        keys.push_back(std::numeric_limits<int64_t>::min());
+        for (int op = 0; op < 20000; ++op) {
+            const int64_t k = keys[rng() % keys.size()];
+            if (rng() % 3) {
+                int* v = &values[rng() % 1000];
+                m.set(k, v);
+                ref[k] = v;
+            } else {
+                m.erase(k);
+                ref.erase(k);
+            }
+            if (op % 97 == 0) {
+                REQUIRE(m.size() == ref.size());
+                for (int64_t q : keys) {
+                    int* const* got = m.find(q);
+                    auto it = ref.find(q);
+                    REQUIRE((got != nullptr) == (it != ref.end()));
+                    if (got) REQUIRE(*got == it->second);
+                }
+            }
+        }
+        CHECK_FALSE(m.find(3));  // never set (its page may exist: id 0 shares it)
+        std::map<int64_t, int*> seen;
+        m.for_each([&](int64_t k, int* v) { CHECK(seen.emplace(k, v).second); });
+        CHECK(seen == ref);
+    }
+}
+
 TEST_CASE("a sink that wants no spans gets none, and every thread's figures are the same as with spans") {
     // A summary-only run: the timeline skips building spans nobody reads.
     struct NoSpans : SpanSink {

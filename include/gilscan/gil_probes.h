@@ -123,9 +123,9 @@ private:
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
     TraceSink* trace_;
-    IdMap<Thread*> threads_;  // tid -> its entry in all_
+    PtrIdMap<Thread> threads_;  // tid -> its entry in all_
     std::deque<Thread> all_;  // deque: entries never move
-    IdMap<Process*> proc_index_;  // pid -> its entry in procs_
+    PtrIdMap<Process> proc_index_;  // pid -> its entry in procs_
     std::deque<Process> procs_;
     GilAnomalies anomalies_;
     uint64_t probe_events_ = 0;

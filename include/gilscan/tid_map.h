@@ -18,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <new>
 #include <vector>
 
 namespace gilscan {
@@ -133,5 +135,83 @@ private:
 };
 
 using TidMap = IdMap<uint32_t>;
+
+// PtrIdMap — tid/pid -> T* (never nullptr), for the lookups of every
+// scheduler event and GIL probe: the timeline's and the GIL tracker's
+// thread entries. Ids below 2^22 (PID_MAX_LIMIT on 64-bit Linux: every
+// tid and pid a kernel hands out) are indexed directly, by pages of 256
+// made as ids in them are first set; any other id goes to an IdMap. A
+// lookup is a range test and two loads, where the hash table's was some
+// 17 instructions (hash, probe, empty-table test). Pages are 2 KB: a
+// thousand threads with tids scattered over the whole range (a server
+// after some uptime) take at most 2 MB of pages; tids handed out together
+// (one process's threads) share pages. The page index is 128 KB of
+// calloc'd pointers, touched only where ids are.
+//
+//   PtrIdMap<Thread> m;
+//   m.set(tid, &th);
+//   if (Thread* const* p = m.find(tid)) (*p)->...;
+template <class T>
+class PtrIdMap {
+public:
+    PtrIdMap() : pages_(static_cast<Page*>(std::calloc(kPages, sizeof(Page)))) {
+        if (!pages_) throw std::bad_alloc();
+    }
+    ~PtrIdMap() {
+        for (size_t i = 0; i < kPages; ++i) delete[] pages_[i];
+        std::free(pages_);
+    }
+    PtrIdMap(const PtrIdMap&) = delete;
+    PtrIdMap& operator=(const PtrIdMap&) = delete;
+
+    T* const* find(int64_t key) const {
+        const uint64_t k = static_cast<uint64_t>(key);
+        if (k < kDirect) [[likely]] {
+            const Page page = pages_[k >> kPageBits];
+            if (!page) return nullptr;
+            T* const* v = &page[k & kPageMask];
+            return *v ? v : nullptr;
+        }
+        return rest_.find(key);
+    }
+    void set(int64_t key, T* value) {  // value: not nullptr
+        const uint64_t k = static_cast<uint64_t>(key);
+        if (k >= kDirect) return rest_.set(key, value);
+        Page& page = pages_[k >> kPageBits];
+        if (!page) page = new T*[kPageSize]();
+        T*& v = page[k & kPageMask];
+        direct_ += v == nullptr;
+        v = value;
+    }
+    void erase(int64_t key) {
+        const uint64_t k = static_cast<uint64_t>(key);
+        if (k >= kDirect) return rest_.erase(key);
+        if (Page page = pages_[k >> kPageBits]) {
+            T*& v = page[k & kPageMask];
+            direct_ -= v != nullptr;
+            v = nullptr;
+        }
+    }
+    size_t size() const { return direct_ + rest_.size(); }
+    // Calls f(key, value) for every entry: direct ids in order, then the rest.
+    template <class F>
+    void for_each(F&& f) const {
+        for (size_t i = 0; i < kPages; ++i)
+            if (const Page page = pages_[i])
+                for (size_t j = 0; j < kPageSize; ++j)
+                    if (page[j]) f(static_cast<int64_t>(i << kPageBits | j), page[j]);
+        rest_.for_each(f);
+    }
+
+private:
+    static constexpr unsigned kPageBits = 8;
+    static constexpr uint64_t kPageSize = uint64_t{1} << kPageBits, kPageMask = kPageSize - 1;
+    static constexpr uint64_t kDirect = uint64_t{1} << 22;  // PID_MAX_LIMIT
+    static constexpr size_t kPages = kDirect >> kPageBits;
+    using Page = T**;
+    Page* pages_;
+    size_t direct_ = 0;
+    IdMap<T*> rest_;  // negative ids and ids from 2^22 on (a corrupt file's, or a kernel with a larger limit)
+};
 
 }  // namespace gilscan

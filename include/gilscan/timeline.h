@@ -237,7 +237,7 @@ private:
     void output(const Span& s, int64_t ticket, ThreadStats* st);
     void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
-    IdMap<Thread*> live_;  // tid -> its live entry in all_
+    PtrIdMap<Thread> live_;  // tid -> its live entry in all_
     // cpu -> time of its last event, set by every scheduler event and probe:
     // an array for the CPU numbers machines have (a hash map's set was a
     // dozen instructions a record), a map for any other a file may hold.
