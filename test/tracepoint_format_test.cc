@@ -158,63 +158,78 @@ TEST_CASE("fixed char[N] strings end at their first NUL, whatever the bytes arou
     CHECK(checked == 200u * (17 + 9 + 16 + 18 + 33));
 }
 
+namespace {
+// Formats made from `standard` by changing its fields.
+template <class Change>
+TpFormat variant_of(const TpFormat& standard, Change change) {
+    TpFormat f = standard;
+    for (auto& x : f.fields) change(x);
+    return f;
+}
+
+// The decoder against read_int / read_str on the same bytes: 3000 records
+// of random bytes (some too short) per format and byte order. compare(fmt,
+// swap, sample, decoder, event) decodes one record both ways, checks they
+// agree and returns whether the field reads succeeded. Returns how many
+// decoded in the formats before `first_slow` (the fast path's).
+template <class Compare>
+size_t compare_on_random_records(const std::vector<TpFormat>& formats, size_t first_slow, const char* name,
+                                 size_t len, uint64_t seed, Compare compare) {
+    size_t fast = 0, checked = 0;
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
+    for (size_t k = 0; k < formats.size(); ++k)
+    for (const bool swap : {false, true}) {
+        EventInfo ev;
+        ev.format = &formats[k];
+        ev.name = name;
+        TracepointDecoder dec;
+        for (int i = 0; i < 3000; ++i) {
+            std::vector<uint8_t> raw(i % 10 == 0 ? rnd() % len : len + rnd() % 8);  // some too short
+            for (auto& x : raw) x = rnd() % 3 ? rnd() : 0;
+            Sample s;
+            s.raw = Bytes(raw.data(), raw.size());
+            const bool ok = compare(formats[k], swap, s, dec, ev);
+            fast += ok && k < first_slow;
+            ++checked;
+        }
+    }
+    CHECK(checked == formats.size() * 2 * 3000);
+    return fast;
+}
+}  // namespace
+
 TEST_CASE("sched_switch decodes at fixed offsets as field by field: int sizes, signedness, byte orders, short and __data_loc records") {
     // The decoder reads a sched_switch whose fields all sit at fixed places
     // with one length test; anything else (a short record, a __data_loc
     // comm) field by field. Both against read_int / read_str on the same bytes.
     const TpFormat standard = parse_tracepoint_format("sched", test::kSchedSwitchFormat);
-    auto variant = [&](auto change) {
-        TpFormat f = standard;
-        for (auto& x : f.fields) change(x);
-        return f;
-    };
-    std::vector<TpFormat> formats = {
+    auto variant = [&](auto change) { return variant_of(standard, change); };
+    const std::vector<TpFormat> formats = {
         standard,
         variant([](TpField& x) { if (x.name == "prev_state") { x.size = 4; x.is_signed = false; } }),
         variant([](TpField& x) { if (x.name == "prev_pid" || x.name == "next_pid") x.is_signed = false; }),
         variant([](TpField& x) { if (x.name == "next_comm") { x.data_loc = true; x.size = 4; } }),  // field by field
         variant([](TpField& x) { if (x.name == "prev_prio") x.size = 2; }),                          // field by field
     };
-    size_t fast = 0, checked = 0;
-    uint64_t seed = 3;
-    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
-    for (const TpFormat& fmt : formats)
-    for (const bool swap : {false, true}) {
-        EventInfo ev;
-        ev.format = &fmt;
-        ev.name = "sched:sched_switch";
-        TracepointDecoder dec;
-        const auto* a = fmt.field("prev_pid");
-        const auto* b = fmt.field("next_pid");
-        const auto* c = fmt.field("prev_state");
-        const auto* d = fmt.field("prev_comm");
-        const auto* e = fmt.field("next_comm");
-        const auto* pf = fmt.field("prev_prio");
-        const auto* g = fmt.field("next_prio");
-        for (int i = 0; i < 3000; ++i) {
-            std::vector<uint8_t> raw(i % 10 == 0 ? rnd() % 64 : 64 + rnd() % 8);  // some too short
-            for (auto& x : raw) x = rnd() % 3 ? rnd() : 0;
-            Sample s;
-            s.raw = Bytes(raw.data(), raw.size());
+    const size_t fast = compare_on_random_records(
+        formats, 3, "sched:sched_switch", 64, 3,
+        [](const TpFormat& fmt, bool swap, const Sample& s, TracepointDecoder& dec, const EventInfo& ev) {
             SchedSwitch got, want;
             bool ok = true;
-            want.prev_pid = static_cast<int32_t>(read_int(s.raw, *a, swap, &ok));
-            want.next_pid = static_cast<int32_t>(read_int(s.raw, *b, swap, &ok));
-            want.prev_state = read_int(s.raw, *c, swap, &ok);
-            want.prev_comm = read_str(s.raw, *d, swap);
-            want.next_comm = read_str(s.raw, *e, swap);
-            want.prev_prio = static_cast<int32_t>(read_int(s.raw, *pf, swap));
-            want.next_prio = static_cast<int32_t>(read_int(s.raw, *g, swap));
+            want.prev_pid = static_cast<int32_t>(read_int(s.raw, *fmt.field("prev_pid"), swap, &ok));
+            want.next_pid = static_cast<int32_t>(read_int(s.raw, *fmt.field("next_pid"), swap, &ok));
+            want.prev_state = read_int(s.raw, *fmt.field("prev_state"), swap, &ok);
+            want.prev_comm = read_str(s.raw, *fmt.field("prev_comm"), swap);
+            want.next_comm = read_str(s.raw, *fmt.field("next_comm"), swap);
+            want.prev_prio = static_cast<int32_t>(read_int(s.raw, *fmt.field("prev_prio"), swap));
+            want.next_prio = static_cast<int32_t>(read_int(s.raw, *fmt.field("next_prio"), swap));
             REQUIRE(dec.decode(s, ev, swap, got) == ok);
             auto all = [](const SchedSwitch& x) {
                 return std::tuple(x.prev_pid, x.next_pid, x.prev_state, x.prev_comm, x.next_comm, x.prev_prio, x.next_prio);
             };
             CHECK(all(got) == all(want));
-            fast += ok && &fmt != &formats[3] && &fmt != &formats[4];
-            ++checked;
-        }
-    }
-    CHECK(checked == 5u * 2 * 3000);
+            return ok;
+        });
     CHECK(fast > 4000);
 }
 
@@ -233,49 +248,25 @@ TEST_CASE("sched_waking decodes at fixed offsets as field by field: int sizes, s
         "\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;\n"
         "\tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;\n\n"
         "print fmt: \"comm=%s pid=%d prio=%d target_cpu=%03d\", REC->comm, REC->pid, REC->prio, REC->target_cpu\n");
-    auto variant = [&](auto change) {
-        TpFormat f = standard;
-        for (auto& x : f.fields) change(x);
-        return f;
-    };
-    std::vector<TpFormat> formats = {
+    auto variant = [&](auto change) { return variant_of(standard, change); };
+    const std::vector<TpFormat> formats = {
         standard,
         variant([](TpField& x) { if (x.name == "pid") x.is_signed = false; }),
         variant([](TpField& x) { if (x.name == "target_cpu") { x.size = 8; } }),
         parse_tracepoint_format("sched", test::kSchedWakingFormat),                // __data_loc comm: field by field
         variant([](TpField& x) { if (x.name == "target_cpu") x.size = 2; }),       // field by field
     };
-    size_t fast = 0, checked = 0;
-    uint64_t seed = 5;
-    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, static_cast<uint8_t>(seed >> 56); };
-    for (const TpFormat& fmt : formats)
-    for (const bool swap : {false, true}) {
-        EventInfo ev;
-        ev.format = &fmt;
-        ev.name = "sched:sched_waking";
-        TracepointDecoder dec;
-        const auto* a = fmt.field("pid");
-        const auto* b = fmt.field("target_cpu");
-        const auto* d = fmt.field("comm");
-        REQUIRE(a);
-        REQUIRE(b);
-        REQUIRE(d);
-        for (int i = 0; i < 3000; ++i) {
-            std::vector<uint8_t> raw(i % 10 == 0 ? rnd() % 48 : 40 + rnd() % 8);  // some too short
-            for (auto& x : raw) x = rnd() % 3 ? rnd() : 0;
-            Sample s;
-            s.raw = Bytes(raw.data(), raw.size());
+    const size_t fast = compare_on_random_records(
+        formats, 3, "sched:sched_waking", 40, 5,
+        [](const TpFormat& fmt, bool swap, const Sample& s, TracepointDecoder& dec, const EventInfo& ev) {
             SchedWake got, want;
             bool ok = true;
-            want.pid = static_cast<int32_t>(read_int(s.raw, *a, swap, &ok));
-            want.target_cpu = static_cast<int32_t>(read_int(s.raw, *b, swap));
-            want.comm = read_str(s.raw, *d, swap);
+            want.pid = static_cast<int32_t>(read_int(s.raw, *fmt.field("pid"), swap, &ok));
+            want.target_cpu = static_cast<int32_t>(read_int(s.raw, *fmt.field("target_cpu"), swap));
+            want.comm = read_str(s.raw, *fmt.field("comm"), swap);
             REQUIRE(dec.decode(s, ev, swap, got) == ok);
             CHECK(std::tuple(got.pid, got.target_cpu, got.comm) == std::tuple(want.pid, want.target_cpu, want.comm));
-            fast += ok && &fmt != &formats[3] && &fmt != &formats[4];
-            ++checked;
-        }
-    }
-    CHECK(checked == 5u * 2 * 3000);
+            return ok;
+        });
     CHECK(fast > 4000);
 }
