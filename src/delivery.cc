@@ -29,10 +29,10 @@ struct Handed {
     int16_t event;     // as the reader found it (-1: not known, the stages look it up)
     bool compressed;
 };
-// Handed::event from the reader's lookup: events past int16_t go as not
-// known (the stages look them up), never as another event.
 // Batches of them: resized, then written (no zero fill first).
 using HandedBatch = std::vector<Handed, UninitAllocator<Handed>>;
+// Handed::event from the reader's lookup: events past int16_t go as not
+// known (the stages look them up), never as another event.
 int16_t handed_event(int ev) { return static_cast<int16_t>(ev >= 0 && ev <= INT16_MAX ? ev : -1); }
 // A batch goes over at 4096 records or 256 KiB of record bytes, whichever
 // comes first; at most 64 batches and 4 MiB of records are queued. Every

@@ -146,6 +146,16 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     f.generation = ev.generation;
     const TpFormat* fmt = ev.format;
     f.kind = event_kind(fmt, ev.name);
+    // Whether fields sit at fixed places (ints of 4 or 8 bytes, strings
+    // char[N]; absent ones do not count), and the raw bytes they need.
+    auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
+    auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
+    auto end_of = [](std::initializer_list<const TpField*> fs) {
+        uint32_t end = 0;
+        for (const TpField* x : fs)
+            if (x) end = std::max<uint32_t>(end, x->offset + x->size);
+        return end;
+    };
     switch (f.kind) {
     case TpKind::SchedSwitch: {
         f.a = fmt->field("prev_pid");
@@ -155,12 +165,9 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
         f.e = fmt->field("next_comm");
         f.f = fmt->field("prev_prio");
         f.g = fmt->field("next_prio");
-        auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
-        auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
         f.fixed_switch = int_ok(f.a) && int_ok(f.b) && int_ok(f.c) && int_ok(f.f) && int_ok(f.g) && plain(f.d) &&
                          plain(f.e);
-        for (const TpField* x : {f.a, f.b, f.c, f.d, f.e, f.f, f.g})
-            if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
+        f.fixed_end = end_of({f.a, f.b, f.c, f.d, f.e, f.f, f.g});
         break;
     }
     case TpKind::SchedWaking:
@@ -170,11 +177,8 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
         f.b = fmt->field("target_cpu");
         f.d = fmt->field("comm");
         // As for sched_switch: every field at a fixed place, one length test.
-        auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
-        auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
         f.fixed_wake = int_ok(f.a) && int_ok(f.b) && plain(f.d);
-        for (const TpField* x : {f.a, f.b, f.d})
-            if (x) f.fixed_end = std::max<uint32_t>(f.fixed_end, x->offset + x->size);
+        f.fixed_end = end_of({f.a, f.b, f.d});
         break;
     }
     case TpKind::SchedProcessFork:
