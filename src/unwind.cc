@@ -40,12 +40,30 @@ struct DwarfUnwinder::Current {
     // passed as an exact pc (see unwind_fast).
     bool pc_override = false;
     uint64_t pc = 0;
-    // Modules of the mappings met in this unwind: consecutive frames are
-    // mostly in one or two binaries, and the shared cache takes a lock.
-    static constexpr int kMemo = 4;
+    // Modules of the mappings met lately: a stack's frames are mostly in a
+    // few binaries, and the shared cache takes a lock, whose cache line
+    // moves between the cores for every lookup when two threads unwind
+    // (-j 2: the reader and the stages; 2.5% of a DWARF capture's CPU).
+    // Kept across unwinds of one address space as long as it is unchanged
+    // (the same object, id and version: see keep_memo).
+    static constexpr int kMemo = 8;
     const Mapping* memo_map[kMemo] = {};
     const Module* memo_mod[kMemo] = {};
     int memo_next = 0;
+    const AddressSpace* memo_as = nullptr;
+    uint64_t memo_id = 0, memo_version = 0;
+    // The mapping found last: a stack's consecutive frames are mostly in one
+    // binary, and AddressSpace::find walks a std::map of some hundred
+    // mappings (2% of a DWARF capture's instructions). Mappings never
+    // overlap (ProcessMaps cuts what a new one covers), so a pc inside this
+    // one is the mapping find() would return.
+    const Mapping* last_map = nullptr;
+    const Mapping* find(uint64_t addr) {
+        if (last_map && addr >= last_map->start && addr < last_map->end) return last_map;
+        const Mapping* m = as->find(addr);
+        if (m) last_map = m;
+        return m;
+    }
     const Module* module(const Mapping& m) {
         for (int i = 0; i < kMemo; ++i)
             if (memo_map[i] == &m) return memo_mod[i];
@@ -54,6 +72,20 @@ struct DwarfUnwinder::Current {
         memo_mod[memo_next] = mod;
         memo_next = (memo_next + 1) % kMemo;
         return mod;
+    }
+    // Before an unwind in `space`: the memo's Mapping pointers are valid
+    // only for the object they were found in, as it was. ProcessMaps bumps
+    // a space's version at every change (a copy made for a snapshot is
+    // changed, so bumped, at once) and gives each new space a new id, so
+    // the same object at the same id and version has the same mappings.
+    void keep_memo(const AddressSpace& space) {
+        if (memo_as == &space && memo_id == space.id && memo_version == space.version) return;
+        for (int i = 0; i < kMemo; ++i) memo_map[i] = nullptr;
+        memo_next = 0;
+        last_map = nullptr;
+        memo_as = &space;
+        memo_id = space.id;
+        memo_version = space.version;
     }
 };
 
@@ -118,7 +150,7 @@ bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_argp) {
 }
 
 bool read_file_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* out) {
-    const Mapping* m = cur->as->find(addr);
+    const Mapping* m = cur->find(addr);
     if (!m) return false;
     const Module* mod = cur->module(*m);
     if (!mod) return false;
@@ -176,7 +208,7 @@ Frame make_frame(DwarfUnwinder::Current* cur, uint64_t pc, unsigned depth, void*
     Frame f;
     f.pc = pc;
     f.depth = depth;
-    f.mapping = cur->as->find(f.pc);
+    f.mapping = cur->find(f.pc);
     f.dwfl = dwfl;
     if (f.mapping) {
         f.module = cur->module(*f.mapping);
@@ -350,10 +382,19 @@ UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
     Space* sp = space_for(as);
     if (!sp) return UnwindStatus::Failed;
     Current& cur = sp->cur;
-    cur = Current{};
+    // Per sample: the registers and where libdw restarts; the module memo
+    // stays while the address space is unchanged.
+    cur.keep_memo(as);
     cur.sample = &s;
     cur.as = &as;
     cur.modules = &modules_;
+    cur.sp = 0;
+    for (int r = 0; r < 17; ++r) {
+        cur.regs[r] = 0;
+        cur.have[r] = false;
+    }
+    cur.pc_override = false;
+    cur.pc = 0;
     size_t i = 0;
     for (unsigned bit = 0; bit < 64; ++bit) {
         if (!((s.regs_user_mask >> bit) & 1)) continue;
