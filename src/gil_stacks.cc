@@ -25,6 +25,30 @@
 
 namespace gilscan {
 
+void frame_evidence(std::string& out, std::string_view function, uint64_t offset, std::string_view file,
+                    unsigned depth) {
+    char hex[16];
+    char* h = hex + sizeof hex;
+    do {
+        *--h = "0123456789abcdef"[offset & 15];
+        offset >>= 4;
+    } while (offset);
+    char dec[10];
+    char* d = dec + sizeof dec;
+    do {
+        *--d = static_cast<char>('0' + depth % 10);
+        depth /= 10;
+    } while (depth);
+    out.assign(function);
+    out += "+0x";
+    out.append(h, static_cast<size_t>(hex + sizeof hex - h));
+    out += " in ";
+    out += file;
+    out += " (frame ";
+    out.append(d, static_cast<size_t>(dec + sizeof dec - d));
+    out += ')';
+}
+
 KernelSymbols::KernelSymbols(const std::string& recorded_release) {
     struct utsname u {};
     if (recorded_release.empty() || ::uname(&u) != 0 || recorded_release != u.release) return;
@@ -310,20 +334,15 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         }
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
-        char where[256];
-        const char* file = f.mapping ? f.mapping->path.c_str() : "?";
+        const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
         if (const AddrRange* r = f.module->in_take(f.vaddr)) {
-            std::snprintf(where, sizeof where, "%s+0x%llx in %s (frame %u)", r->name.c_str(),
-                          static_cast<unsigned long long>(f.vaddr - r->begin), file, f.depth);
             label.name = "S(GIL)";
-            label.evidence = where;
+            frame_evidence(label.evidence, r->name, f.vaddr - r->begin, file, f.depth);
             label.gil = true;
             ++stats_.gil;
         } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
-            std::snprintf(where, sizeof where, "%s+0x%llx in %s (frame %u)", d->name.c_str(),
-                          static_cast<unsigned long long>(f.vaddr - d->begin), file, f.depth);
             label.name = "S(GIL handoff)";
-            label.evidence = where;
+            frame_evidence(label.evidence, d->name, f.vaddr - d->begin, file, f.depth);
             ++stats_.handoff;
         }
         return stack_frames_ ? FrameAction::Continue : FrameAction::Stop;  // with stacks: the whole stack

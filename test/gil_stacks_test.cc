@@ -333,3 +333,24 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
     CHECK(sleeps > 100);
     CHECK(same == sleeps);
 }
+
+TEST_CASE("a sleep's evidence text is what printf's \"%s+0x%llx in %s (frame %u)\" gives, at any length") {
+    const std::string long_path = "/opt/" + std::string(300, 'p') + "/libpython3.11.so.1.0";
+    std::string out = "a longer text left from the sleep before, which must not show through";
+    for (const char* fn : {"take_gil", "drop_gil.constprop.0", ""})
+        for (uint64_t off : {0ull, 1ull, 0xbeull, 0xfull, 0x10ull, 0xdeadbeefull, ~0ull})
+            for (const std::string& file : {std::string("/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"),
+                                            std::string("?"), long_path})
+                for (unsigned depth : {0u, 2u, 9u, 10u, 63u, 4294967295u}) {
+                    CAPTURE(fn);
+                    CAPTURE(off);
+                    CAPTURE(depth);
+                    frame_evidence(out, fn, off, file, depth);
+                    // printf into a buffer large enough for every case (the
+                    // classifier used to print into 256 bytes, cutting long paths)
+                    std::vector<char> want(file.size() + 128);
+                    std::snprintf(want.data(), want.size(), "%s+0x%llx in %s (frame %u)", fn,
+                                  static_cast<unsigned long long>(off), file.c_str(), depth);
+                    CHECK(out == std::string(want.data()));
+                }
+}
