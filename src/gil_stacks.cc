@@ -173,16 +173,29 @@ const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
     return local_kernel_.emplace(ip, std::move(j)).first->second;
 }
 
+// The name maps of a layout, looked up when the layout changes rather than
+// for every frame (a second hash lookup per frame). Elements of an
+// unordered_map keep their address when it rehashes, so the pointers stay
+// valid; the shared map's contents are still read under its lock.
+void GilStackClassifier::maps_for(uint64_t layout) {
+    if (maps_layout_ == layout && shared_map_) return;
+    local_map_ = shared_names_ ? &local_names_[layout] : nullptr;
+    std::unique_lock<std::mutex> l(names_->mu, std::defer_lock);
+    if (shared_names_) l.lock();
+    shared_map_ = &names_->names[layout];
+    maps_layout_ = layout;
+}
+
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
-    std::unordered_map<uint64_t, std::string>* local = nullptr;
-    if (shared_names_) {
-        local = &local_names_[layout];
+    maps_for(layout);
+    std::unordered_map<uint64_t, std::string>* const local = local_map_;
+    if (local) {
         auto it = local->find(f.pc);
         if (it != local->end()) return it->second;
     }
     std::unique_lock<std::mutex> l(names_->mu, std::defer_lock);
     if (shared_names_) l.lock();
-    auto& shared = names_->names[layout];
+    auto& shared = *shared_map_;
     auto sh = shared.find(f.pc);
     if (sh == shared.end() && local && !names_->symbolizer) return name_unlocked(l, layout, f, shared, *local);
     if (sh == shared.end()) {
@@ -291,7 +304,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // loop per frame per sleep.
     auto add_json = [&stack](const std::string& fragment) {
         if (fragment.empty()) return;
-        stack += stack.empty() ? "[" : ",";
+        stack += stack.empty() ? '[' : ',';  // a char: no strlen per frame
         stack += fragment;
     };
     auto add_kernel_frames = [&] {

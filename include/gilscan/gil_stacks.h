@@ -175,6 +175,10 @@ private:
     std::shared_ptr<NameCache> names_;
     std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms_;  // this thread's copy of names_->ksyms
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;  // shared cache only
+    void maps_for(uint64_t layout);  // sets the three below
+    uint64_t maps_layout_ = 0;
+    std::unordered_map<uint64_t, std::string>* local_map_ = nullptr;   // local_names_[layout] (shared cache only)
+    std::unordered_map<uint64_t, std::string>* shared_map_ = nullptr;  // names_->names[layout]
     std::unordered_map<uint64_t, std::string> local_kernel_;                               // shared cache only
 };
 
