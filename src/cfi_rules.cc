@@ -87,6 +87,12 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
         }
         if (!cfa_relative(ops, n, rule.reg_kind[r], rule.reg_offset[r])) return rule;  // an expression
     }
+    for (int r = 0; r < CfiRule::kRegs; ++r) {
+        const uint32_t bit = 1u << r;
+        if (rule.reg_kind[r] == CfiRule::Same) rule.same |= bit;
+        else if (rule.reg_kind[r] == CfiRule::AtCfa) rule.at_cfa |= bit;
+        else if (rule.reg_kind[r] == CfiRule::ValCfa) rule.val_cfa |= bit;
+    }
     rule.kind = CfiRule::Simple;
     return rule;
 }

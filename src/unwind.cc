@@ -40,15 +40,26 @@ struct DwarfUnwinder::Current {
     // passed as an exact pc (see unwind_fast).
     bool pc_override = false;
     uint64_t pc = 0;
-    // Modules of the mappings met lately: a stack's frames are mostly in a
-    // few binaries, and the shared cache takes a lock, whose cache line
-    // moves between the cores for every lookup when two threads unwind
-    // (-j 2: the reader and the stages; 2.5% of a DWARF capture's CPU).
-    // Kept across unwinds of one address space as long as it is unchanged
-    // (the same object, id and version: see keep_memo).
+    // Modules of the mappings met lately, with their load bias: a stack's
+    // frames are mostly in a few binaries, and the shared ModuleCache takes
+    // a lock and searches a std::map by build-id (3% of a DWARF capture's
+    // instructions), bias_for the binary's PT_LOADs. A slot is found by the
+    // Mapping's address while the address space is unchanged (the same
+    // object, id and version: see keep_memo), else by what the module and
+    // bias are a function of: path and build-id (ModuleCache::get), start
+    // and pgoff (bias_for). The second way keeps the slots when the samples
+    // move between processes of one layout (a pool's workers), which share
+    // this Current.
     static constexpr int kMemo = 8;
-    const Mapping* memo_map[kMemo] = {};
-    const Module* memo_mod[kMemo] = {};
+    struct Memo {
+        const Mapping* map = nullptr;  // valid while keep_memo keeps it
+        bool used = false;
+        uint64_t start = 0, pgoff = 0;
+        std::string path, build_id;
+        const Module* mod = nullptr;
+        std::optional<uint64_t> bias;  // mod->bias_for(the mapping)
+    };
+    Memo memo[kMemo];
     int memo_next = 0;
     const AddressSpace* memo_as = nullptr;
     uint64_t memo_id = 0, memo_version = 0;
@@ -64,15 +75,27 @@ struct DwarfUnwinder::Current {
         if (m) last_map = m;
         return m;
     }
-    const Module* module(const Mapping& m) {
-        for (int i = 0; i < kMemo; ++i)
-            if (memo_map[i] == &m) return memo_mod[i];
-        const Module* mod = modules->get(m);
-        memo_map[memo_next] = &m;
-        memo_mod[memo_next] = mod;
+    const Memo& memo_for(const Mapping& m) {
+        for (Memo& e : memo)
+            if (e.map == &m) return e;
+        for (Memo& e : memo)
+            if (e.used && e.start == m.start && e.pgoff == m.pgoff && e.path == m.path && e.build_id == m.build_id) {
+                e.map = &m;
+                return e;
+            }
+        Memo& e = memo[memo_next];
         memo_next = (memo_next + 1) % kMemo;
-        return mod;
+        e.map = &m;
+        e.used = true;
+        e.start = m.start;
+        e.pgoff = m.pgoff;
+        e.path = m.path;
+        e.build_id = m.build_id;
+        e.mod = modules->get(m);
+        e.bias = e.mod ? e.mod->bias_for(m) : std::nullopt;
+        return e;
     }
+    const Module* module(const Mapping& m) { return memo_for(m).mod; }
     // Before an unwind in `space`: the memo's Mapping pointers are valid
     // only for the object they were found in, as it was. ProcessMaps bumps
     // a space's version at every change (a copy made for a snapshot is
@@ -80,8 +103,7 @@ struct DwarfUnwinder::Current {
     // the same object at the same id and version has the same mappings.
     void keep_memo(const AddressSpace& space) {
         if (memo_as == &space && memo_id == space.id && memo_version == space.version) return;
-        for (int i = 0; i < kMemo; ++i) memo_map[i] = nullptr;
-        memo_next = 0;
+        for (Memo& e : memo) e.map = nullptr;  // the contents stay: see memo_for
         last_map = nullptr;
         memo_as = &space;
         memo_id = space.id;
@@ -161,8 +183,10 @@ bool read_file_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* ou
     return true;
 }
 
-bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
-    auto* cur = static_cast<DwarfUnwinder::Current*>(arg);
+// A word of the sampled thread's memory: from the stack copy, else from the
+// file mapped there. Inlined into the fast unwinder's loop (a call per
+// saved register was 4% of a DWARF capture's instructions).
+[[gnu::always_inline]] inline bool read_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* result) {
     const Bytes& st = cur->sample->stack_user;
     // The stack copy starts at the user SP; only dyn_size bytes are valid.
     if (addr >= cur->sp && addr - cur->sp <= st.size() && st.size() - (addr - cur->sp) >= 8) {
@@ -170,6 +194,10 @@ bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
         return true;
     }
     return read_file_word(cur, addr, result);
+}
+
+bool memory_read(Dwfl*, Dwarf_Addr addr, Dwarf_Word* result, void* arg) {
+    return read_word(static_cast<DwarfUnwinder::Current*>(arg), addr, result);
 }
 
 bool set_initial_registers(Dwfl_Thread* thread, void* arg) {
@@ -211,10 +239,10 @@ Frame make_frame(DwarfUnwinder::Current* cur, uint64_t pc, unsigned depth, void*
     f.mapping = cur->find(f.pc);
     f.dwfl = dwfl;
     if (f.mapping) {
-        f.module = cur->module(*f.mapping);
+        const DwarfUnwinder::Current::Memo& e = cur->memo_for(*f.mapping);
+        f.module = e.mod;
         if (f.module) {
-            auto bias = f.module->bias_for(*f.mapping);
-            if (bias) f.vaddr = f.pc - *bias;
+            if (e.bias) f.vaddr = f.pc - *e.bias;
             else f.module = nullptr;
         }
     }
@@ -299,11 +327,12 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
 std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
                                                         unsigned max_frames, unsigned& delivered, bool& restart) {
     Current& cur = sp.cur;
+    // Registers by DWARF number, and which are known (bit r).
     uint64_t regs[CfiRule::kRegs];
-    bool have[CfiRule::kRegs];
+    uint32_t have = 0;
     for (int r = 0; r < CfiRule::kRegs; ++r) {
         regs[r] = cur.regs[r];
-        have[r] = cur.have[r];
+        if (cur.have[r]) have |= 1u << r;
     }
     delivered = 0;
     restart = false;
@@ -320,7 +349,7 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
                 restart = true;
                 for (int r = 0; r < CfiRule::kRegs; ++r) {
                     cur.regs[r] = regs[r];
-                    cur.have[r] = have[r];
+                    cur.have[r] = (have >> r) & 1;
                 }
                 cur.pc_override = true;
                 cur.pc = pc;
@@ -332,41 +361,35 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
         if (++delivered >= max_frames) return UnwindStatus::Complete;
         // Without the CFA's register every CFA-relative register is unknown
         // in the caller (libdw's expression evaluation fails for each).
-        const bool cfa_known = have[rule.cfa_reg];
+        const bool cfa_known = (have >> rule.cfa_reg) & 1;
         const uint64_t cfa = regs[rule.cfa_reg] + static_cast<uint64_t>(rule.cfa_offset);
-        uint64_t next[CfiRule::kRegs];
-        bool next_have[CfiRule::kRegs];
-        for (int r = 0; r < CfiRule::kRegs; ++r) {
-            next_have[r] = false;
-            const uint64_t at = cfa + static_cast<uint64_t>(rule.reg_offset[r]);
-            switch (rule.reg_kind[r]) {
-            case CfiRule::Unset:
-            case CfiRule::Undefined: break;
-            case CfiRule::Same:
-                next[r] = regs[r];
-                next_have[r] = have[r];
-                break;
-            case CfiRule::AtCfa: {
-                Dwarf_Word w = 0;
-                if (cfa_known && memory_read(sp.dwfl, at, &w, &cur)) {
-                    next[r] = w;
-                    next_have[r] = true;
+        // The caller's registers, in place: each is computed from the CFA
+        // (worked out above from this frame's registers) or from memory, or
+        // is this frame's unchanged (`same`, which stay where they are). A
+        // register whose value becomes unknown keeps a stale value that
+        // nothing reads (its bit is clear). Memory is read in register order,
+        // as libdw does.
+        uint32_t next_have = have & rule.same;
+        if (cfa_known) {
+            for (uint32_t m = rule.at_cfa | rule.val_cfa; m; m &= m - 1) {
+                const int r = __builtin_ctz(m);
+                const uint64_t at = cfa + static_cast<uint64_t>(rule.reg_offset[r]);
+                if ((rule.val_cfa >> r) & 1) {
+                    regs[r] = at;
+                    next_have |= 1u << r;
+                    continue;
                 }
-                break;
-            }
-            case CfiRule::ValCfa:
-                next[r] = at;
-                next_have[r] = cfa_known;
-                break;
+                Dwarf_Word w = 0;
+                if (read_word(&cur, at, &w)) {
+                    regs[r] = w;
+                    next_have |= 1u << r;
+                }
             }
         }
         // The outermost frame: the return address is undefined (or unset, or
         // unreadable: left out of next_have above), or zero.
-        if (!next_have[CfiRule::kRa] || next[CfiRule::kRa] == 0) return UnwindStatus::Complete;
-        for (int r = 0; r < CfiRule::kRegs; ++r) {
-            regs[r] = next[r];
-            have[r] = next_have[r];
-        }
+        if (!((next_have >> CfiRule::kRa) & 1) || regs[CfiRule::kRa] == 0) return UnwindStatus::Complete;
+        have = next_have;
     }
 }
 

@@ -44,6 +44,10 @@ struct CfiRule {
     int64_t cfa_offset = 0;
     RegKind reg_kind[kRegs] = {};
     int64_t reg_offset[kRegs] = {};
+    // reg_kind as bit masks (bit r: register r), set for Simple rules: a
+    // frame then touches only the registers its rule changes (a loop over
+    // all 17 with a switch on each was 8% of a DWARF capture's instructions).
+    uint32_t same = 0, at_cfa = 0, val_cfa = 0;
 };
 
 class CfiRuleCache {
