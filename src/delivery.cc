@@ -180,6 +180,9 @@ void Session::run(EventSink& sink) {
         // Takes over a reference to rec.chunk (the ordering queue's, handed on
         // with the record): the batch holds it until it comes back.
         auto hand = [&](const RawRecord& rec) {
+            // The stages gave up: nothing more goes to them (the record's
+            // chunk is freed with the ChunkTable).
+            if (rd.stopped) return;
             const void* note = nullptr;
             if (stage) {
                 const int ev = rec.event >= 0 ? rec.event : ids.event_for(rec, swap);  // unknown events were never queued
@@ -200,7 +203,11 @@ void Session::run(EventSink& sink) {
         auto hand_run = [&](OrderedQueue::Run run) {
             const size_t mean = q.mean_record_size();
             const OrderedQueue::Entry* e = run.first;
-            while (e != run.last) {
+            // Not after the stages gave up: send() then keeps the full batch
+            // (nothing can take it), no more would fit, and this loop would
+            // spin for ever (a run of ready records longer than a batch, as
+            // flush_all hands over at the end of a file without rounds).
+            while (e != run.last && !rd.stopped) {
                 // Room by count and by bytes (at least one: a send empties the batch).
                 const size_t by_bytes = rd.batch_bytes < kBatchBytes ? (kBatchBytes - rd.batch_bytes + mean - 1) / mean : 1;
                 const size_t take = std::min({static_cast<size_t>(run.last - e), kBatch - batch.size(), by_bytes});

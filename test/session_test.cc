@@ -7,6 +7,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -1015,4 +1016,40 @@ TEST_CASE("a stage that throws stops the run, with or without the reader thread,
         CHECK_THROWS_WITH_AS(s.run(t), doctest::Contains("disk full"), Error);
         CHECK(t.n == 5000);
     }
+}
+
+TEST_CASE("a stage that throws while the reader hands over a long run of ready records: the reader stops too") {
+    // No FINISHED_ROUND: every record waits in the ordering queue until the
+    // end of the data, then goes out as one run of 300,000 ready records,
+    // far more than the 64 batches the queue to the stages holds. The reader
+    // waits for room when the stages throw; it used to go on filling a batch
+    // that nothing could take, and spin for ever.
+    SchedRecording r;
+    for (uint64_t t = 1; t <= 300000; ++t) r.switch_(t * 10, static_cast<uint32_t>(t % 4), 1, 2, 1, 0);
+    TempFile f(r.w.build());
+    struct Thrower : EventSink {
+        int n = 0;
+        void on_sample(const Sample&, const EventInfo&) override {
+            if (++n == 5000) throw Error("stage", Error::no_offset, "disk full");
+        }
+    };
+    Session s(f.path);
+    s.set_threaded(true);
+    Thrower t;
+    auto done = std::async(std::launch::async, [&] {
+        try {
+            s.run(t);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    });
+    // A hang cannot be failed and then left behind: the reader thread would
+    // keep the test binary alive.
+    if (done.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+        std::fprintf(stderr, "session_test: Session::run did not return after a stage threw (the reader hangs)\n");
+        std::abort();
+    }
+    CHECK(done.get().find("disk full") != std::string::npos);
+    CHECK(t.n == 5000);
 }
