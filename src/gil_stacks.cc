@@ -200,8 +200,9 @@ const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, u
     if (sh == shared.end() && local && !names_->symbolizer) return name_unlocked(l, layout, f, shared, *local);
     if (sh == shared.end()) {
         Frame g = f;
+        DwarfUnwinder& namer = names_->symbolizer ? *names_->symbolizer : unwinder_;
         if (names_->symbolizer) g.dwfl = names_->symbolizer->dwfl_for(as);
-        sh = shared.emplace(f.pc, names_json(describe_frame(g))).first;
+        sh = shared.emplace(f.pc, names_json(namer.describe(g))).first;
     }
     if (!local) return sh->second;
     std::string j = sh->second;
@@ -240,7 +241,7 @@ const std::string& GilStackClassifier::name_unlocked(std::unique_lock<std::mutex
         l.unlock();
         std::string j;
         try {
-            j = names_json(describe_frame(f));
+            j = names_json(unwinder_.describe(f));
         } catch (...) {
             l.lock();
             names_->pending.erase(key);

@@ -24,6 +24,7 @@
 #include <vector>
 #include <unordered_map>
 
+#include "gilscan/frame_names.h"
 #include "gilscan/modules.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/sample.h"
@@ -38,11 +39,6 @@ struct Frame {
     unsigned depth = 0;
     void* dwfl = nullptr;   // the Dwfl it was unwound with (for describe_frame)
 };
-
-// Symbolized names of a frame, innermost first: DWARF inline frames
-// ("[inlined] take_gil"), then the function from symtab / dynsym /
-// MiniDebugInfo with compiler clone suffixes removed, "+0xOFF (module)".
-std::vector<std::string> describe_frame(const Frame& f);
 
 enum class FrameAction { Continue, Stop };
 
@@ -64,8 +60,15 @@ public:
                         unsigned max_frames = 64);
     size_t dwfl_count() const { return spaces_.size(); }
     // The Dwfl (as void*) of this address space's layout, its modules
-    // reported: for describe_frame on frames unwound elsewhere.
+    // reported: for describe() on frames unwound elsewhere.
     void* dwfl_for(const AddressSpace& as);
+    // Symbolized names of a frame unwound with one of this unwinder's Dwfls
+    // (f.dwfl), innermost first: DWARF inline frames ("[inlined] take_gil"),
+    // then the function from symtab / dynsym / MiniDebugInfo with compiler
+    // clone suffixes removed, "+0xOFF (module)". The text describe_frame(f)
+    // gives, from indexes kept per module (frame_names.h).
+    std::vector<std::string> describe(const Frame& f) { return names_.describe(f); }
+    const FrameNamer& namer() const { return names_; }
 
     // Frames from cached CFI rules first (on by default), libdw for the
     // stacks they cannot describe. Off: libdw alone (tests compare the two).
@@ -87,6 +90,7 @@ private:
     uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0;
     ModuleCache& modules_;
     std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
+    FrameNamer names_;  // after spaces_: destroyed first, while the Dwfls its indexes point into exist
 };
 
 // x86-64: perf_event_x86_regs index -> DWARF register number (-1: none).
