@@ -63,12 +63,9 @@ std::vector<std::string> describe_with(const Frame& f, InlineNames&& inline_name
 // abstract origin: each DW_TAG_inlined_subroutine among them is named by
 // its origin.
 template <class Push>
-void libdw_inline_names(Dwfl_Module* m, uint64_t pc, Push&& push) {
-    Dwarf_Addr bias = 0;
-    Dwarf_Die* cu = dwfl_module_addrdie(m, pc, &bias);
-    if (!cu) return;
+void scopes_inline_names(Dwarf_Die* cu, Dwarf_Addr addr, Push&& push) {
     Dwarf_Die* scopes = nullptr;
-    const int n = dwarf_getscopes(cu, pc - bias, &scopes);
+    const int n = dwarf_getscopes(cu, addr, &scopes);
     for (int i = 0; i < n; ++i) {
         if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine) continue;
         Dwarf_Attribute attr;
@@ -79,6 +76,35 @@ void libdw_inline_names(Dwfl_Module* m, uint64_t pc, Push&& push) {
         if (name) push(name);
     }
     std::free(scopes);
+}
+
+template <class Push>
+void libdw_inline_names_into(Dwfl_Module* m, uint64_t pc, Push&& push) {
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = dwfl_module_addrdie(m, pc, &bias);
+    if (cu) scopes_inline_names(cu, pc - bias, push);
+}
+
+// The DIEs whose children dwarf_getscopes descends into (libdw's
+// libdw_visit_scopes.c, may_have_scopes).
+bool may_have_scopes(int tag) {
+    switch (tag) {
+    case DW_TAG_compile_unit:
+    case DW_TAG_module:
+    case DW_TAG_lexical_block:
+    case DW_TAG_with_stmt:
+    case DW_TAG_catch_block:
+    case DW_TAG_try_block:
+    case DW_TAG_entry_point:
+    case DW_TAG_inlined_subroutine:
+    case DW_TAG_subprogram:
+    case DW_TAG_namespace:
+    case DW_TAG_class_type:
+    case DW_TAG_structure_type:
+        return true;
+    default:
+        return false;
+    }
 }
 
 // libdwfl's preference among symbol bindings (__libdwfl_addrsym's binding_value).
@@ -110,10 +136,125 @@ const char* libdw_symbol(Dwfl_Module* m, uint64_t pc, uint64_t& off) {
     return name;
 }
 
+std::vector<std::string> libdw_inline_names(Dwfl_Module* m, uint64_t pc) {
+    std::vector<std::string> out;
+    libdw_inline_names_into(m, pc, [&](const char* name) { out.emplace_back(name); });
+    return out;
+}
+
 std::vector<std::string> describe_frame(const Frame& f) {
     return describe_with(
-        f, [](Dwfl_Module* m, uint64_t pc, auto&& push) { libdw_inline_names(m, pc, push); }, libdw_symbol);
+        f, [](Dwfl_Module* m, uint64_t pc, auto&& push) { libdw_inline_names_into(m, pc, push); }, libdw_symbol);
 }
+
+// dwarf_getscopes's answer (elfutils 0.188, libdw/dwarf_getscopes.c),
+// found by the same path without its walks. libdw walks the compilation
+// unit from its root: at each level the first child (in DIE order) whose
+// ranges contain the address (dwarf_haspc) is descended into when it can
+// hold scopes (may_have_scopes), and the innermost DW_TAG_inlined_subroutine
+// on that path is the one named (by its abstract origin). It then looks for
+// the origin in each scope around the subroutine, from the inside out,
+// walking each one's whole subtree, and last in the whole unit from its
+// root; the origin's parents come after the subroutine in the scopes. Both
+// walks were the cost: thousands of DIEs decoded again for every address,
+// and every function body before the origin. Here:
+// - each DIE's children (tag, ranges, whether libdw descends into it) are
+//   listed the first time the path crosses it, and the path is followed in
+//   those lists;
+// - an origin that is one of the unit's own children (as GCC places the
+//   abstract instance of an inline function) lies in none of the scopes
+//   around the subroutine, which are in another of the unit's children, so
+//   libdw finds it in its last walk, its one parent being the unit: the
+//   names are the origin's name alone.
+// Everything else goes to dwarf_getscopes: a DIE whose children libdw
+// would stop at (a DWARF error, an imported unit), an origin deeper in the
+// unit or in another unit. One difference remains by design: libdw's walk
+// of the unit fails (and names nothing) where the DWARF before the origin
+// is broken; here that part is not read.
+struct FrameNamer::ScopeIndex {
+    struct Child {
+        Dwarf_Die die;
+        uint32_t first = 0, count = 0;  // its ranges in Children::ranges
+        int tag = 0;
+        bool descend = false;  // libdw goes into it (may_have_scopes, has children)
+    };
+    struct Children {
+        std::vector<Child> list;  // in DIE order, so by increasing addr
+        std::vector<std::pair<uint64_t, uint64_t>> ranges;
+        bool usable = true;
+    };
+    std::unordered_map<const void*, Children> children;  // by the parent's Dwarf_Die::addr
+
+    Children& children_of(Dwarf_Die& parent) {
+        auto [it, made] = children.try_emplace(parent.addr);
+        Children& c = it->second;
+        if (!made) return c;
+        Dwarf_Die child;
+        int r = dwarf_child(&parent, &child);
+        if (r < 0) c.usable = false;
+        for (; r == 0; r = dwarf_siblingof(&child, &child)) {
+            Child k;
+            k.die = child;
+            k.tag = dwarf_tag(&child);
+            if (k.tag == DW_TAG_imported_unit) {  // libdw walks the imported unit's children in place
+                c.usable = false;
+                break;
+            }
+            k.first = static_cast<uint32_t>(c.ranges.size());
+            Dwarf_Addr base = 0, begin = 0, end = 0;
+            ptrdiff_t off = 0;
+            while ((off = dwarf_ranges(&child, off, &base, &begin, &end)) > 0) c.ranges.emplace_back(begin, end);
+            if (off < 0) c.usable = false;  // dwarf_haspc's error: libdw's call decides what it means
+            k.count = static_cast<uint32_t>(c.ranges.size()) - k.first;
+            const int has = dwarf_haschildren(&child);
+            if (has < 0) c.usable = false;
+            k.descend = may_have_scopes(k.tag) && has > 0;
+            c.list.push_back(k);
+        }
+        if (r < 0) c.usable = false;
+        return c;
+    }
+
+    // The inline names, as libdw's would be; false where only libdw can tell.
+    template <class Push>
+    bool names(Dwarf_Die cu, Dwarf_Addr addr, Push&& push) {
+        // The path, and the innermost inlined subroutine on it.
+        const Child* inlined = nullptr;
+        Dwarf_Die node = cu;
+        for (;;) {
+            const Children& c = children_of(node);
+            if (!c.usable) return false;
+            size_t hit = c.list.size();
+            for (size_t i = 0; i < c.list.size() && hit == c.list.size(); ++i) {
+                const Child& k = c.list[i];
+                for (uint32_t j = k.first; j < k.first + k.count; ++j)
+                    if (addr >= c.ranges[j].first && addr < c.ranges[j].second) {
+                        hit = i;
+                        break;
+                    }
+            }
+            if (hit == c.list.size()) break;
+            const Child& k = c.list[hit];
+            if (k.tag == DW_TAG_inlined_subroutine) inlined = &k;
+            if (!k.descend) break;
+            node = k.die;
+        }
+        if (!inlined) return true;  // no names
+        // libdw fails where the origin cannot be read: no names.
+        Dwarf_Die idie = inlined->die;
+        Dwarf_Attribute attr;
+        Dwarf_Die origin;
+        if (!dwarf_attr(&idie, DW_AT_abstract_origin, &attr) || !dwarf_formref_die(&attr, &origin)) return true;
+        if (origin.cu != cu.cu) return false;
+        // One of the unit's own children.
+        const Children& top = children_of(cu);
+        auto it = std::lower_bound(top.list.begin(), top.list.end(), origin.addr,
+                                   [](const Child& k, const void* a) { return std::less<const void*>()(k.die.addr, a); });
+        if (it == top.list.end() || it->die.addr != origin.addr) return false;
+        if (const char* name = dwarf_diename(&origin)) push(name);
+        return true;
+    }
+};
 
 // libdwfl's choice of a symbol for an address (dwfl_module_addrinfo:
 // __libdwfl_addrsym without st_value adjustment), over libdwfl's own symbol
@@ -241,9 +382,33 @@ const char* FrameNamer::symbol(Dwfl_Module* m, uint64_t pc, uint64_t& off) {
     return libdw_symbol(m, pc, off);
 }
 
+template <class Push>
+void FrameNamer::inline_names_into(Dwfl_Module* m, uint64_t pc, Push&& push) {
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = dwfl_module_addrdie(m, pc, &bias);
+    if (!cu) return;
+    const Dwarf_Addr addr = pc - bias;
+    std::unique_ptr<ScopeIndex>& idx = scopes_[m];
+    if (!idx) idx = std::make_unique<ScopeIndex>();
+    std::vector<const char*> found;
+    if (idx->names(*cu, addr, [&](const char* name) { found.push_back(name); })) {
+        ++scope_hits_;
+        for (const char* name : found) push(name);
+        return;
+    }
+    ++scope_fallbacks_;
+    scopes_inline_names(cu, addr, push);
+}
+
+std::vector<std::string> FrameNamer::inline_names(Dwfl_Module* m, uint64_t pc) {
+    std::vector<std::string> out;
+    inline_names_into(m, pc, [&](const char* name) { out.emplace_back(name); });
+    return out;
+}
+
 std::vector<std::string> FrameNamer::describe(const Frame& f) {
     return describe_with(
-        f, [](Dwfl_Module* m, uint64_t pc, auto&& push) { libdw_inline_names(m, pc, push); },
+        f, [this](Dwfl_Module* m, uint64_t pc, auto&& push) { inline_names_into(m, pc, push); },
         [this](Dwfl_Module* m, uint64_t pc, uint64_t& off) { return symbol(m, pc, off); });
 }
 

@@ -17,6 +17,9 @@
 
 #include "gilscan/frame_names.h"
 
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+
 #include <elfutils/libdwfl.h>
 #include <gelf.h>
 
@@ -281,4 +284,75 @@ TEST_CASE("frame names: libdw's symbol choice among nested, aliased, weak and si
         CHECK(names.symbol_hits() > 0);
     }
     fs::remove_all(dir);
+}
+
+namespace {
+
+// Addresses inside inlined calls (the first, middle and last byte of the
+// ranges of DW_TAG_inlined_subroutine DIEs, nested ones included), spread
+// over the module's units: where dwarf_getscopes has names to give.
+void collect_inlined(Dwarf_Die* die, Dwarf_Addr bias, std::vector<Probe>& out, size_t& seen, size_t every) {
+    Dwarf_Die child;
+    if (dwarf_child(die, &child) != 0) return;
+    do {
+        const int tag = dwarf_tag(&child);
+        if (tag == DW_TAG_inlined_subroutine && seen++ % every == 0) {
+            Dwarf_Addr base = 0, begin = 0, end = 0;
+            ptrdiff_t off = 0;
+            while ((off = dwarf_ranges(&child, off, &base, &begin, &end)) > 0 && end > begin) {
+                out.push_back({begin + bias, "an inlined call's first byte"});
+                out.push_back({begin + (end - begin) / 2 + bias, "inside an inlined call"});
+                out.push_back({end - 1 + bias, "an inlined call's last byte"});
+            }
+        }
+        if (tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block)
+            collect_inlined(&child, bias, out, seen, every);
+    } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+std::vector<Probe> inlined_probes(Dwfl_Module* m, size_t every) {
+    std::vector<Probe> out;
+    size_t seen = 0;
+    Dwarf_Addr bias = 0;
+    for (Dwarf_Die* cu = nullptr; (cu = dwfl_module_nextcu(m, cu, &bias)) != nullptr;) {
+        collect_inlined(cu, bias, out, seen, every);
+        if (out.size() > 2400) break;
+    }
+    return out;
+}
+
+// FrameNamer's inline names against dwarf_getscopes's at the probes.
+void check_inline_names(const std::string& path, size_t min_with_inline, size_t every) {
+    CAPTURE(path);
+    REQUIRE(fs::exists(path));
+    Reported r(path);
+    REQUIRE(r.mod != nullptr);
+    FrameNamer names;
+    std::vector<Probe> probes = probes_for(r.mod, 300, 200);
+    const std::vector<Probe> in_inlined = inlined_probes(r.mod, every);
+    probes.insert(probes.end(), in_inlined.begin(), in_inlined.end());
+    size_t with_inline = 0;
+    for (const Probe& p : probes) {
+        CAPTURE(p.addr);
+        CAPTURE(p.why);
+        const std::vector<std::string> ours = names.inline_names(r.mod, p.addr);
+        const std::vector<std::string> libdw = libdw_inline_names(r.mod, p.addr);
+        CHECK(ours == libdw);
+        with_inline += !libdw.empty();
+    }
+    MESSAGE(fs::path(path).filename().string()
+            << ": " << probes.size() << " addresses, " << with_inline << " inside an inlined call; the index followed "
+            << names.scope_hits() << ", libdw " << names.scope_fallbacks());
+    CHECK(with_inline >= min_with_inline);
+    CHECK(names.scope_hits() * 10 >= (names.scope_hits() + names.scope_fallbacks()) * 9);
+}
+
+}  // namespace
+
+TEST_CASE("frame names: the inlined calls around an address are libdw's, in pyenv's libpython3.11") {
+    check_inline_names("/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0", 1000, 37);
+}
+
+TEST_CASE("frame names: the inlined calls around an address are libdw's, in glibc (DWARF from its debug file)") {
+    check_inline_names("/usr/lib/x86_64-linux-gnu/libc.so.6", 1000, 7);
 }

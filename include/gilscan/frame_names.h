@@ -9,14 +9,19 @@
 // Why not libdw's lookups alone: dwfl_module_addrinfo searches the whole
 // symbol table for every address (about 2 million instructions for
 // libpython's 15,000 symbols) and dwarf_getscopes walks the compilation
-// unit's DIE tree from its root; naming the 36 distinct frames of the
-// bench's DWARF capture was a fifth of its instructions, and on a short
+// unit's DIE tree from its root, then every function body before the
+// inline function's abstract instance; naming the 36 distinct frames of
+// the bench's DWARF capture was a third of its instructions, and on a short
 // recording most of the run. FrameNamer keeps, per module, libdwfl's own
 // symbol list (dwfl_module_getsym_info) sorted by address and makes the
-// same choice libdwfl's __libdwfl_addrsym makes among the few symbols
-// around the address; where that choice depends on what the index does not
-// keep (size-less symbols, which need the sections), it asks libdw. The
-// tests compare the two on every symbol boundary of real binaries.
+// choice libdwfl's __libdwfl_addrsym makes among the few symbols around the
+// address, and lists each DIE's children once to follow dwarf_getscopes's
+// path to the innermost inlined call (elfutils 0.188's rules). Where an
+// answer depends on what the indexes do not keep (size-less symbols, an
+// abstract instance not at the unit's top level, imported units, DWARF
+// errors), libdw answers. The tests compare the two at symbol boundaries,
+// inside inlined calls and at random addresses of real binaries, and at
+// every byte of a shared object built with symbols made to disagree.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +41,8 @@ std::vector<std::string> describe_frame(const Frame& f);
 // libdw's symbol for pc in module m (dwfl_module_addrinfo): its name, or
 // nullptr; off: pc's offset from it.
 const char* libdw_symbol(Dwfl_Module* m, uint64_t pc, uint64_t& off);
+// libdw's inlined calls around pc in module m (dwarf_getscopes), innermost first.
+std::vector<std::string> libdw_inline_names(Dwfl_Module* m, uint64_t pc);
 
 class FrameNamer {
 public:
@@ -49,16 +56,24 @@ public:
     std::vector<std::string> describe(const Frame& f);
     // The symbol part alone: what libdw_symbol(m, pc, off) gives.
     const char* symbol(Dwfl_Module* m, uint64_t pc, uint64_t& off);
+    // The inline part alone: what libdw_inline_names(m, pc) gives.
+    std::vector<std::string> inline_names(Dwfl_Module* m, uint64_t pc);
 
     // Lookups answered by the index, and those it handed to libdw.
     uint64_t symbol_hits() const { return symbol_hits_; }
     uint64_t symbol_fallbacks() const { return symbol_fallbacks_; }
+    uint64_t scope_hits() const { return scope_hits_; }
+    uint64_t scope_fallbacks() const { return scope_fallbacks_; }
 
     struct SymbolIndex;  // frame_names.cc
+    struct ScopeIndex;
 
 private:
+    template <class Push>
+    void inline_names_into(Dwfl_Module* m, uint64_t pc, Push&& push);
     std::unordered_map<Dwfl_Module*, std::unique_ptr<SymbolIndex>> symbols_;
-    uint64_t symbol_hits_ = 0, symbol_fallbacks_ = 0;
+    std::unordered_map<Dwfl_Module*, std::unique_ptr<ScopeIndex>> scopes_;
+    uint64_t symbol_hits_ = 0, symbol_fallbacks_ = 0, scope_hits_ = 0, scope_fallbacks_ = 0;
 };
 
 }  // namespace gilscan
