@@ -201,10 +201,16 @@ struct FrameNamer::ScopeIndex {
                 break;
             }
             k.first = static_cast<uint32_t>(c.ranges.size());
-            Dwarf_Addr base = 0, begin = 0, end = 0;
-            ptrdiff_t off = 0;
-            while ((off = dwarf_ranges(&child, off, &base, &begin, &end)) > 0) c.ranges.emplace_back(begin, end);
-            if (off < 0) c.usable = false;  // dwarf_haspc's error: libdw's call decides what it means
+            // dwarf_ranges has nothing to read (and returns 0, no error) in
+            // a DIE other than a unit's root without DW_AT_high_pc (its one
+            // range needs it) or DW_AT_ranges: types, variables, most of a
+            // unit's top level. Asking the abbreviation is cheaper.
+            if (dwarf_hasattr(&child, DW_AT_high_pc) || dwarf_hasattr(&child, DW_AT_ranges)) {
+                Dwarf_Addr base = 0, begin = 0, end = 0;
+                ptrdiff_t off = 0;
+                while ((off = dwarf_ranges(&child, off, &base, &begin, &end)) > 0) c.ranges.emplace_back(begin, end);
+                if (off < 0) c.usable = false;  // dwarf_haspc's error: libdw's call decides what it means
+            }
             k.count = static_cast<uint32_t>(c.ranges.size()) - k.first;
             const int has = dwarf_haschildren(&child);
             if (has < 0) c.usable = false;
