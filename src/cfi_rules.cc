@@ -39,7 +39,10 @@ bool cfa_relative(const Dwarf_Op* ops, size_t n, CfiRule::RegKind& kind, int64_t
 CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
     CfiRule rule;
     Dwfl_Module* mod = dwfl ? dwfl_addrmodule(dwfl, pc) : nullptr;
-    if (!mod) return rule;
+    if (!mod) {
+        rule.no_module = true;
+        return rule;
+    }
     // .eh_frame only: libdw tries it first and uses .debug_frame only when it
     // has no answer; those rarer stacks go to libdw whole.
     Dwarf_Addr bias = 0;

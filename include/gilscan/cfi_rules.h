@@ -40,6 +40,7 @@ struct CfiRule {
     static constexpr int kRa = 16;
     Kind kind = Other;
     bool signal = false;  // Other because the FDE is a signal frame's
+    bool no_module = false;  // Other because no module covers the pc: libdw steps by the frame pointer
     uint8_t cfa_reg = 0;
     int64_t cfa_offset = 0;
     RegKind reg_kind[kRegs] = {};

@@ -76,6 +76,8 @@ public:
     // Stacks the fast path handed to libdw, and the frames each path delivered.
     uint64_t fallbacks() const { return fallbacks_; }
     uint64_t fast_frames() const { return fast_frames_; }
+    // Of fast_frames: frames outside any module, stepped by the frame pointer.
+    uint64_t fp_frames() const { return fp_frames_; }
     uint64_t libdw_frames() const { return libdw_frames_; }
 
     // Callback plumbing (libdw's C callbacks reach the current sample here).
@@ -87,7 +89,7 @@ private:
     std::optional<UnwindStatus> unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
                                             unsigned max_frames, unsigned& delivered, bool& restart);
     bool fast_ = true;
-    uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0;
+    uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0, fp_frames_ = 0;
     ModuleCache& modules_;
     std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
     FrameNamer names_;  // after spaces_: destroyed first, while the Dwfls its indexes point into exist
