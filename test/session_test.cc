@@ -998,21 +998,23 @@ TEST_CASE("Handoff: a byte budget holds the producer back, and a batch larger th
     CHECK(got == std::vector<int>{0, 1, 2});
 }
 
+// A stage that fails at its 5000th sample, as a full disk would.
+struct ThrowsAt5000 : EventSink {
+    int n = 0;
+    void on_sample(const Sample&, const EventInfo&) override {
+        if (++n == 5000) throw Error("stage", Error::no_offset, "disk full");
+    }
+};
+
 TEST_CASE("a stage that throws stops the run, with or without the reader thread, and nothing hangs") {
     SchedRecording r;
     for (uint64_t t = 1; t <= 20000; ++t) r.switch_(t * 10, static_cast<uint32_t>(t % 4), 1, 2, 1, 0);
     TempFile f(r.w.build());
-    struct Thrower : EventSink {
-        int n = 0;
-        void on_sample(const Sample&, const EventInfo&) override {
-            if (++n == 5000) throw Error("stage", Error::no_offset, "disk full");
-        }
-    };
     for (bool threaded : {false, true}) {
         CAPTURE(threaded);
         Session s(f.path);
         s.set_threaded(threaded);
-        Thrower t;
+        ThrowsAt5000 t;
         CHECK_THROWS_WITH_AS(s.run(t), doctest::Contains("disk full"), Error);
         CHECK(t.n == 5000);
     }
@@ -1027,15 +1029,9 @@ TEST_CASE("a stage that throws while the reader hands over a long run of ready r
     SchedRecording r;
     for (uint64_t t = 1; t <= 300000; ++t) r.switch_(t * 10, static_cast<uint32_t>(t % 4), 1, 2, 1, 0);
     TempFile f(r.w.build());
-    struct Thrower : EventSink {
-        int n = 0;
-        void on_sample(const Sample&, const EventInfo&) override {
-            if (++n == 5000) throw Error("stage", Error::no_offset, "disk full");
-        }
-    };
     Session s(f.path);
     s.set_threaded(true);
-    Thrower t;
+    ThrowsAt5000 t;
     auto done = std::async(std::launch::async, [&] {
         try {
             s.run(t);
