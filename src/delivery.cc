@@ -20,17 +20,31 @@ namespace gilscan {
 namespace {
 
 // One record on its way from the reader thread to the stages: a pointer into
-// a chunk the reader keeps alive until the batch comes back.
+// a chunk the reader keeps alive until the batch comes back. 16 bytes: the
+// reader writes one per record into batch memory the stages' core read
+// last, and those stores were most of the hand-over's time. At 32 bytes
+// (with the record's file offset, its chunk's compressed flag and the
+// reader stage's note) the 64-CPU summary took 1-9% longer and the
+// scheduler capture with its trace 11% (bench/NOTES.md).
+// The offset is looked up when a stage needs it (ChunkTable::origin); a
+// note goes beside the record, only when there is a reader stage.
 struct Handed {
     const uint8_t* rec;
-    uint64_t offset;
-    const void* note;  // the ReaderStage's, or nullptr
     uint32_t chunk;
-    int16_t event;     // as the reader found it (-1: not known, the stages look it up)
-    bool compressed;
+    int16_t event;  // as the reader found it (-1: not known, the stages look it up)
 };
-// Batches of them: resized, then written (no zero fill first).
-using HandedBatch = std::vector<Handed, UninitAllocator<Handed>>;
+static_assert(sizeof(Handed) == 16);
+// A batch of them: items resized, then written (no zero fill first); with a
+// reader stage, notes[i] is items[i]'s note (or nullptr), else it is empty.
+struct HandedBatch {
+    std::vector<Handed, UninitAllocator<Handed>> items;
+    std::vector<const void*> notes;
+    bool empty() const { return items.empty(); }
+    void clear() {
+        items.clear();
+        notes.clear();
+    }
+};
 // Handed::event from the reader's lookup: events past int16_t go as not
 // known (the stages look them up), never as another event.
 int16_t handed_event(int ev) { return static_cast<int16_t>(ev >= 0 && ev <= INT16_MAX ? ev : -1); }
@@ -102,25 +116,27 @@ void Session::run(EventSink& sink) {
     // round released at FINISHED_ROUND is pumped into it while the next
     // round is read (OrderedQueue::pump), so both threads stay busy even
     // when a round is several times what may be in flight.
-    Handoff<Handed, UninitAllocator<Handed>> handoff(64, kInFlightBytes);
+    Handoff<HandedBatch> handoff(64, kInFlightBytes);
+    const ChunkTable& chunk_origins = side->chunks;  // the stages read only origin() of it
 
     // The stages' side: records of one batch to the sink.
     auto consume = [&](const HandedBatch& batch) {
         RawRecord r;
-        const size_t n = batch.size();
+        const Handed* const items = batch.items.data();
+        const void* const* const notes = batch.notes.empty() ? nullptr : batch.notes.data();
+        const size_t n = batch.items.size();
         for (size_t i = 0; i < n; ++i) {
             // The reader's core read these bytes last: ask for them early.
             if (i + 8 < n) {
-                __builtin_prefetch(batch[i + 8].rec);
-                __builtin_prefetch(batch[i + 8].rec + 64);
+                __builtin_prefetch(items[i + 8].rec);
+                __builtin_prefetch(items[i + 8].rec + 64);
             }
-            const Handed& h = batch[i];
+            const Handed& h = items[i];
             with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.note = h.note;
-            deliver(r, h.event, sink, [&h](RawRecord& x) {
-                x.offset = h.offset;
-                x.compressed = h.compressed;
+            r.note = notes ? notes[i] : nullptr;
+            deliver(r, h.event, sink, [&h, &chunk_origins](RawRecord& x) {
+                x.offset = chunk_origins.origin(h.chunk, h.rec);
                 x.chunk = h.chunk;
             });
         }
@@ -142,12 +158,13 @@ void Session::run(EventSink& sink) {
         const bool swap = header_.swap;
         ChunkTable& chunks = rd.chunks;
         HandedBatch& batch = rd.batch;
-        batch.reserve(kBatch);
+        batch.items.reserve(kBatch);
+        if (stage) batch.notes.reserve(kBatch);
         auto send = [&] {
             if (batch.empty() || rd.stopped) return;
             if (!threaded) {
                 consume(batch);  // exceptions go straight to run()'s caller
-                for (const Handed& h : batch) chunks.release(h.chunk);
+                for (const Handed& h : batch.items) chunks.release(h.chunk);
                 batch.clear();
                 rd.batch_bytes = 0;
                 return;
@@ -164,18 +181,14 @@ void Session::run(EventSink& sink) {
             // one per send: they would pile up beside the 64 in flight), and
             // reuse one of those vectors.
             while (handoff.take_done(rd.back)) {
-                if (stage) {
-                    for (const Handed& h : rd.back) {
-                        chunks.release(h.chunk);
-                        if (h.note) stage->release(h.note);
-                    }
-                } else {
-                    for (const Handed& h : rd.back) chunks.release(h.chunk);  // no notes: none to test for
-                }
+                for (const Handed& h : rd.back.items) chunks.release(h.chunk);
+                for (const void* note : rd.back.notes)
+                    if (note) stage->release(note);  // notes come only with a stage
                 rd.back.clear();
-                if (batch.capacity() < rd.back.capacity()) batch.swap(rd.back);
+                if (batch.items.capacity() < rd.back.items.capacity()) std::swap(batch, rd.back);
             }
-            batch.reserve(kBatch);
+            batch.items.reserve(kBatch);
+            if (stage) batch.notes.reserve(kBatch);
         };
         // Takes over a reference to rec.chunk (the ordering queue's, handed on
         // with the record): the batch holds it until it comes back.
@@ -183,15 +196,15 @@ void Session::run(EventSink& sink) {
             // The stages gave up: nothing more goes to them (the record's
             // chunk is freed with the ChunkTable).
             if (rd.stopped) return;
-            const void* note = nullptr;
             if (stage) {
                 const int ev = rec.event >= 0 ? rec.event : ids.event_for(rec, swap);  // unknown events were never queued
-                if (ev >= 0) note = stage->on_record(rec, events_[static_cast<size_t>(ev)], handoff.queued_bytes() >= kSpareFrom);
+                batch.notes.push_back(ev >= 0 ? stage->on_record(rec, events_[static_cast<size_t>(ev)],
+                                                                 handoff.queued_bytes() >= kSpareFrom)
+                                              : nullptr);
             }
-            batch.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.offset, note, rec.chunk,
-                             handed_event(rec.event), rec.compressed});
+            batch.items.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.chunk, handed_event(rec.event)});
             rd.batch_bytes += rec.size;
-            if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+            if (batch.items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
         };
         RecordStream& rs = rd.rs;
         OrderedQueue& q = rd.q;
@@ -210,21 +223,20 @@ void Session::run(EventSink& sink) {
             while (e != run.last && !rd.stopped) {
                 // Room by count and by bytes (at least one: a send empties the batch).
                 const size_t by_bytes = rd.batch_bytes < kBatchBytes ? (kBatchBytes - rd.batch_bytes + mean - 1) / mean : 1;
-                const size_t take = std::min({static_cast<size_t>(run.last - e), kBatch - batch.size(), by_bytes});
+                auto& items = batch.items;
+                const size_t take = std::min({static_cast<size_t>(run.last - e), kBatch - items.size(), by_bytes});
                 // Grown once, then written (a push_back per record tested
                 // the capacity each time).
-                const size_t at = batch.size();
-                batch.resize(at + take);
-                Handed* out = batch.data() + at;
+                const size_t at = items.size();
+                items.resize(at + take);
+                Handed* out = items.data() + at;
                 for (const OrderedQueue::Entry* const stop = e + take; e != stop; ++e, ++out) {
                     // The entry holds events up to 4094 only: no clamp.
                     const uint32_t chunk = e->chunk();
-                    const bool compressed = chunks.compressed(chunk);
-                    *out = {chunks.data(chunk) + e->pos, chunks.base(chunk) + (compressed ? 0 : e->pos), nullptr, chunk,
-                            static_cast<int16_t>(e->event()), compressed};
+                    *out = {chunks.data(chunk) + e->pos, chunk, static_cast<int16_t>(e->event())};
                 }
                 rd.batch_bytes += take * mean;
-                if (batch.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
+                if (items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
             }
         };
         // The queue's operations, with the hand that fits.

@@ -1,6 +1,7 @@
 #include "gilscan/record_stream.h"
 
 #include <algorithm>
+#include <new>
 
 #include <zstd.h>
 
@@ -8,6 +9,10 @@
 #include "gilscan/perf_abi.h"
 
 namespace gilscan {
+
+ChunkTable::ChunkTable() : origins_(static_cast<Origin*>(std::calloc(kMaxChunks, sizeof(Origin)))) {
+    if (!origins_) throw std::bad_alloc();
+}
 
 uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     uint32_t id;
@@ -24,6 +29,7 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     c.refs = 1;
     c.base = base;
     c.compressed = compressed;
+    origins_[id] = {base, compressed ? nullptr : c.bytes.data()};
     return id;
 }
 

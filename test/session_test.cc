@@ -206,6 +206,79 @@ TEST_CASE("a compressed chunk that does not decompress: warning, partial results
     CHECK(warned);
 }
 
+TEST_CASE("a malformed sample names its own file offset (its COMPRESSED record's), inline and threaded, any chunk size") {
+    // The stages decode samples on their own thread and look up where each
+    // came from only for an error (ChunkTable::origin): the offset must be
+    // the record's in the file, or that of the COMPRESSED record it was
+    // inflated from, wherever the read chunks begin.
+    PerfWriter w;
+    PerfEventAttr attr;
+    attr.sample_type = PERF_SAMPLE_TIME | PERF_SAMPLE_READ | PERF_SAMPLE_CALLCHAIN;
+    attr.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_ID;
+    int ev = w.add_event(attr, "cycles");
+    constexpr uint64_t kSamples = 3000, kBad = 2345;
+    for (uint64_t k = 0; k < kSamples; ++k) {
+        TestSample s;
+        s.time = 100 + k;
+        s.read_values = k == kBad ? std::vector<uint64_t>{0xffffffffffull}  // group nr with nothing behind it
+                                  : std::vector<uint64_t>{1, 10, 100};
+        s.callchain = {PERF_CONTEXT_USER, 0x1000 + k};
+        w.sample(ev, s);
+        if (k % 100 == 99) w.finished_round();
+    }
+    // The bad sample is the only record with a 0xffffffffff u64: its offset in
+    // the data section's records (plain), by walking them.
+    auto find_bad = [](const std::vector<uint8_t>& d, uint64_t from, uint64_t to) {
+        for (uint64_t pos = from; pos + 8 <= to;) {
+            const uint16_t size = load<uint16_t>(d.data() + pos + 6, false);
+            for (uint64_t i = pos + 8; i + 8 <= pos + size; i += 8)
+                if (load<uint64_t>(d.data() + i, false) == 0xffffffffffull) return pos;
+            pos += size;
+        }
+        return ~uint64_t{0};
+    };
+    for (size_t zchunk : {size_t{0}, size_t{4000}}) {
+        PerfWriter::BuildOptions o;
+        o.compress_chunk = zchunk;
+        const auto bytes = w.build(o);
+        const uint64_t data_off = load<uint64_t>(bytes.data() + 40, false);
+        const uint64_t data_end = data_off + load<uint64_t>(bytes.data() + 48, false);
+        uint64_t want;
+        if (!zchunk) {
+            want = find_bad(bytes, data_off, data_end);
+        } else {
+            // The COMPRESSED record whose input holds the bad sample's start and
+            // end (the position chosen so that it does not straddle two).
+            const auto plain = w.build();
+            const uint64_t p_off = load<uint64_t>(plain.data() + 40, false);
+            const uint64_t p = find_bad(plain, p_off, p_off + load<uint64_t>(plain.data() + 48, false)) - p_off;
+            const uint16_t size = load<uint16_t>(plain.data() + p_off + p + 6, false);
+            REQUIRE(p / zchunk == (p + size - 1) / zchunk);
+            uint64_t pos = data_off;
+            for (uint64_t k = 0; k < p / zchunk; ++k) pos += load<uint16_t>(bytes.data() + pos + 6, false);
+            REQUIRE(load<uint32_t>(bytes.data() + pos, false) == PERF_RECORD_COMPRESSED);
+            want = pos;
+        }
+        REQUIRE(want < data_end);
+        TempFile f(bytes);
+        for (size_t chunk : {size_t{0}, size_t{1000}, size_t{4096}}) {
+            for (bool threaded : {false, true}) {
+                CAPTURE(zchunk);
+                CAPTURE(chunk);
+                CAPTURE(threaded);
+                Session s(f.path);
+                s.set_threaded(threaded);
+                if (chunk) s.set_chunk_size(chunk);
+                Times t;
+                s.run(t);
+                CHECK(t.times.size() == kSamples - 1);
+                CHECK(s.stats().malformed == 1);
+                CHECK(s.stats().first_malformed_offset == want);
+            }
+        }
+    }
+}
+
 TEST_CASE("records come out in time order across rounds, equal times in file order") {
     SchedRecording r;
     // Two CPU buffers written one after the other inside each round, as perf does.
@@ -938,7 +1011,7 @@ TEST_CASE("the reader's idle work runs on its thread while the stages' queue is 
 }
 
 TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the producer") {
-    Handoff<int> h(2);
+    Handoff<std::vector<int>> h(2);
     std::vector<int> got;
     std::thread producer([&] {
         for (int b = 0; b < 50; ++b) {
@@ -959,7 +1032,7 @@ TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the p
     std::vector<int> back;
     CHECK(h.take_done(back));
 
-    Handoff<int> g(1);
+    Handoff<std::vector<int>> g(1);
     std::thread p2([&] {
         int pushed = 0;
         while (g.push(std::vector<int>{pushed})) ++pushed;
@@ -972,7 +1045,7 @@ TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the p
 }
 
 TEST_CASE("Handoff: a byte budget holds the producer back, and a batch larger than it still goes") {
-    Handoff<int> h(64, 100);
+    Handoff<std::vector<int>> h(64, 100);
     std::atomic<int> pushed{0};
     std::thread producer([&] {
         REQUIRE(h.push(std::vector<int>{0}, 60));

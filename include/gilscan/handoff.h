@@ -1,7 +1,7 @@
 // Handoff — a bounded queue of batches from one producer thread to one
 // consumer thread, with the batches coming back for reuse.
 //
-//   Handoff<Item> h(8);                       // at most 8 batches in flight
+//   Handoff<std::vector<Item>> h(8);          // at most 8 batches in flight
 //   producer:  h.push(std::move(batch));      // false: the consumer gave up
 //              while (h.take_done(b)) ...     // batches the consumer finished
 //              h.would_wait(bytes);           // push() would block now (a hint)
@@ -24,12 +24,11 @@
 
 namespace gilscan {
 
-// Batches are std::vector<T, Alloc> (Alloc: UninitAllocator for a batch
-// that is resized and then written, byte_buffer.h).
-template <class T, class Alloc = std::allocator<T>>
+// A Batch is any movable type (a std::vector of items, or a struct of
+// them): it is moved in and out, never copied or looked into.
+template <class Batch>
 class Handoff {
 public:
-    using Batch = std::vector<T, Alloc>;
     // At most max_batches queued and, when max_bytes > 0, at most that many
     // bytes (a batch always fits into an empty queue).
     explicit Handoff(size_t max_batches, size_t max_bytes = 0) : max_(max_batches), max_bytes_(max_bytes) {}

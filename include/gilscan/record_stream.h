@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,12 +44,23 @@ inline constexpr uint32_t kNoChunk = ~0u;
 
 // Reference-counted byte buffers that records point into. Buffers are
 // recycled: a released chunk's memory is reused by the next acquire().
+//
+// One thread owns a table (acquire, retain, release, bytes, data). Another
+// thread holding a reference handed over to it (through a mutex, as
+// Session's reader thread does) may call origin() for that chunk: the table
+// is written there only by acquire(), and an id is only reacquired once
+// every reference to it is back, so the two never touch the same entry at
+// once. That lets a record go to the stages as a pointer and a chunk id,
+// with where it came from in the file looked up only when it is needed.
 class ChunkTable {
 public:
     // Ids stay below 2^20: the ordering queue packs one with the record's
     // event into 32 bits (ordering.h). That many live chunks would be 2 TiB
     // of 2 MiB file chunks; RecordStream stops with an Error before it.
     static constexpr uint32_t kMaxChunks = 1u << 20;
+    ChunkTable();
+    ChunkTable(const ChunkTable&) = delete;
+    ChunkTable& operator=(const ChunkTable&) = delete;
     bool full() const { return free_.empty() && chunks_.size() >= kMaxChunks; }
     // A chunk with refs = 1, at least `capacity` bytes reserved, empty.
     uint32_t acquire(size_t capacity, uint64_t base, bool compressed);
@@ -56,6 +69,16 @@ public:
     // File offset of byte 0 (file chunks) or of the COMPRESSED record it came from.
     uint64_t base(uint32_t id) const { return chunks_[id].base; }
     bool compressed(uint32_t id) const { return chunks_[id].compressed; }
+    // The file offset of the record at `rec` in the chunk (of its
+    // COMPRESSED container for a decompressed one); safe from a thread
+    // holding a handed-over reference to the chunk (above). A file chunk's
+    // bytes never move after acquire(): it is filled up to the capacity
+    // reserved there (RecordStream::ensure), and a vector resized within its
+    // capacity keeps its buffer.
+    uint64_t origin(uint32_t id, const uint8_t* rec) const {
+        const Origin& o = origins_[id];
+        return o.data ? o.base + static_cast<uint64_t>(rec - o.data) : o.base;
+    }
     void retain(uint32_t id) { ++chunks_[id].refs; }
     // Inline: called twice per record (the ordering queue and the batch each hold one).
     void release(uint32_t id) {
@@ -75,6 +98,17 @@ private:
     };
     std::vector<Chunk> chunks_;
     std::vector<uint32_t> free_;
+    // What origin() needs, per id, in memory that never moves (chunks_ does
+    // when it grows): 16 MiB of address space from calloc, untouched pages
+    // until ids that high are used.
+    struct Origin {
+        uint64_t base;
+        const uint8_t* data;  // a file chunk's bytes; nullptr for a decompressed chunk
+    };
+    struct Free {
+        void operator()(Origin* p) const { std::free(p); }
+    };
+    std::unique_ptr<Origin[], Free> origins_;
 };
 
 struct RawRecord {
