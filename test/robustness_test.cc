@@ -139,10 +139,7 @@ TEST_CASE("tracing data whose lengths lie: a warning, no formats, no crash") {
 
 TEST_CASE("sample counts larger than the record: the record is skipped and counted") {
     PerfWriter w;
-    PerfEventAttr attr;
-    attr.sample_type = PERF_SAMPLE_TIME | PERF_SAMPLE_READ | PERF_SAMPLE_CALLCHAIN;
-    attr.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_ID;
-    int i = w.add_event(attr, "cycles");
+    int i = add_group_read_event(w);
     TestSample s;
     s.time = 5;
     s.read_values = {0xffffffffffull};  // group nr with nothing behind it

@@ -212,10 +212,7 @@ TEST_CASE("a malformed sample names its own file offset (its COMPRESSED record's
     // the record's in the file, or that of the COMPRESSED record it was
     // inflated from, wherever the read chunks begin.
     PerfWriter w;
-    PerfEventAttr attr;
-    attr.sample_type = PERF_SAMPLE_TIME | PERF_SAMPLE_READ | PERF_SAMPLE_CALLCHAIN;
-    attr.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_ID;
-    int ev = w.add_event(attr, "cycles");
+    int ev = add_group_read_event(w);
     constexpr uint64_t kSamples = 3000, kBad = 2345;
     for (uint64_t k = 0; k < kSamples; ++k) {
         TestSample s;

@@ -54,6 +54,16 @@ struct SchedRecording {
 };
 
 // A uprobe's format as perf probe writes it (take_gil, take_gil__return, ...).
+// An event whose samples carry a group read (PERF_FORMAT_GROUP | ID) and a
+// callchain: the layout parse_sample walks with the cursor, where a group
+// count larger than the record makes a malformed sample.
+inline int add_group_read_event(PerfWriter& w) {
+    PerfEventAttr attr;
+    attr.sample_type = PERF_SAMPLE_TIME | PERF_SAMPLE_READ | PERF_SAMPLE_CALLCHAIN;
+    attr.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_ID;
+    return w.add_event(attr, "cycles");
+}
+
 inline std::string probe_format(const std::string& name, uint32_t id, bool ret) {
     std::string f = "name: " + name + "\nID: " + std::to_string(id) + "\nformat:\n"
                     "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
