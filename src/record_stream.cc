@@ -1,6 +1,7 @@
 #include "gilscan/record_stream.h"
 
 #include <algorithm>
+#include <cassert>
 #include <new>
 
 #include <zstd.h>
@@ -25,10 +26,11 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     }
     Chunk& c = chunks_[id];
     c.bytes.clear();
+    // capacity > 0: a file chunk's data() is then never null (null marks a
+    // decompressed chunk in origins_).
+    assert(capacity > 0);
     c.bytes.reserve(capacity);
     c.refs = 1;
-    c.base = base;
-    c.compressed = compressed;
     origins_[id] = {base, compressed ? nullptr : c.bytes.data()};
     return id;
 }
@@ -232,7 +234,6 @@ bool RecordStream::next_from_decompressed(RawRecord& r) {
     const uint8_t* p = b.data() + dpos_;
     read_header(p, swap_, r);
     r.offset = chunks_.base(dchunk_);
-    r.compressed = true;
     r.extra = {};
     r.chunk = dchunk_;
     if (r.size < PERF_EVENT_HEADER_SIZE) {

@@ -686,7 +686,7 @@ TEST_CASE("ordering: a deliver(Run) is handed each record where a RawRecord deli
             auto raw = [&](const RawRecord& r) {
                 REQUIRE(r.size == r.body.size() + PERF_EVENT_HEADER_SIZE);
                 out.push_back({static_cast<uint64_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks.data(r.chunk)), r.offset,
-                               r.chunk, r.compressed, r.event});
+                               r.chunk, chunks.compressed(r.chunk), r.event});
                 chunks.release(r.chunk);
             };
             auto at = [&](OrderedQueue::Run run) {

@@ -460,11 +460,9 @@ private:
             const Entry& e = side[head++];
             const uint32_t chunk = e.chunk();
             const uint8_t* rec = chunks_.data(chunk) + e.pos;
-            const bool compressed = chunks_.compressed(chunk);
             read_header(rec, swap_, r);
             r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
-            r.compressed = compressed;
-            r.offset = chunks_.base(chunk) + (compressed ? 0 : e.pos);
+            r.offset = chunks_.origin(chunk, rec);
             r.chunk = chunk;
             r.event = e.event();
             deliver(r);

@@ -62,13 +62,13 @@ public:
     ChunkTable(const ChunkTable&) = delete;
     ChunkTable& operator=(const ChunkTable&) = delete;
     bool full() const { return free_.empty() && chunks_.size() >= kMaxChunks; }
-    // A chunk with refs = 1, at least `capacity` bytes reserved, empty.
+    // A chunk with refs = 1, at least `capacity` (> 0) bytes reserved, empty.
     uint32_t acquire(size_t capacity, uint64_t base, bool compressed);
     ChunkBytes& bytes(uint32_t id) { return chunks_[id].bytes; }
     const uint8_t* data(uint32_t id) const { return chunks_[id].bytes.data(); }
     // File offset of byte 0 (file chunks) or of the COMPRESSED record it came from.
-    uint64_t base(uint32_t id) const { return chunks_[id].base; }
-    bool compressed(uint32_t id) const { return chunks_[id].compressed; }
+    uint64_t base(uint32_t id) const { return origins_[id].base; }
+    bool compressed(uint32_t id) const { return origins_[id].data == nullptr; }
     // The file offset of the record at `rec` in the chunk (of its
     // COMPRESSED container for a decompressed one); safe from a thread
     // holding a handed-over reference to the chunk (above). A file chunk's
@@ -93,14 +93,12 @@ private:
     struct Chunk {
         ChunkBytes bytes;
         uint32_t refs = 0;
-        uint64_t base = 0;
-        bool compressed = false;
     };
     std::vector<Chunk> chunks_;
     std::vector<uint32_t> free_;
-    // What origin() needs, per id, in memory that never moves (chunks_ does
-    // when it grows): 16 MiB of address space from calloc, untouched pages
-    // until ids that high are used.
+    // Where each chunk came from (base(), compressed(), origin()), per id, in
+    // memory that never moves (chunks_ does when it grows): 16 MiB of address
+    // space from calloc, untouched pages until ids that high are used.
     struct Origin {
         uint64_t base;
         const uint8_t* data;  // a file chunk's bytes; nullptr for a decompressed chunk
@@ -118,8 +116,7 @@ struct RawRecord {
     Bytes body;            // size - 8 bytes after the header
     Bytes extra;           // bytes appended outside header.size (tracing data); valid until next()
     uint64_t offset = 0;   // file offset of the record (of its COMPRESSED container if compressed)
-    uint32_t chunk = kNoChunk;  // the ChunkTable buffer holding the bytes
-    bool compressed = false;
+    uint32_t chunk = kNoChunk;  // the ChunkTable buffer holding the bytes (ChunkTable::compressed: decompressed bytes)
     const void* note = nullptr;  // a ReaderStage's note (session.h), on the stages' side
     int event = -1;  // the record's event index where the reader looked it up (-1: not known)
 };
@@ -182,7 +179,6 @@ private:
         r.extra = {};
         r.offset = at;
         r.chunk = fchunk_;
-        r.compressed = false;
     }
     bool next_checked(RawRecord& r);
     bool next_from_file(RawRecord& r);
