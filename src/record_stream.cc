@@ -1,7 +1,6 @@
 #include "gilscan/record_stream.h"
 
 #include <algorithm>
-#include <cassert>
 #include <new>
 
 #include <zstd.h>
@@ -26,12 +25,9 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     }
     Chunk& c = chunks_[id];
     c.bytes.clear();
-    // capacity > 0: a file chunk's data() is then never null (null marks a
-    // decompressed chunk in origins_).
-    assert(capacity > 0);
     c.bytes.reserve(capacity);
     c.refs = 1;
-    origins_[id] = {base, compressed ? nullptr : c.bytes.data()};
+    origins_[id] = {base, c.bytes.data(), compressed};
     return id;
 }
 

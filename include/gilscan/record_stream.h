@@ -62,13 +62,13 @@ public:
     ChunkTable(const ChunkTable&) = delete;
     ChunkTable& operator=(const ChunkTable&) = delete;
     bool full() const { return free_.empty() && chunks_.size() >= kMaxChunks; }
-    // A chunk with refs = 1, at least `capacity` (> 0) bytes reserved, empty.
+    // A chunk with refs = 1, at least `capacity` bytes reserved, empty.
     uint32_t acquire(size_t capacity, uint64_t base, bool compressed);
     ChunkBytes& bytes(uint32_t id) { return chunks_[id].bytes; }
     const uint8_t* data(uint32_t id) const { return chunks_[id].bytes.data(); }
     // File offset of byte 0 (file chunks) or of the COMPRESSED record it came from.
     uint64_t base(uint32_t id) const { return origins_[id].base; }
-    bool compressed(uint32_t id) const { return origins_[id].data == nullptr; }
+    bool compressed(uint32_t id) const { return origins_[id].compressed; }
     // The file offset of the record at `rec` in the chunk (of its
     // COMPRESSED container for a decompressed one); safe from a thread
     // holding a handed-over reference to the chunk (above). A file chunk's
@@ -77,7 +77,7 @@ public:
     // capacity keeps its buffer.
     uint64_t origin(uint32_t id, const uint8_t* rec) const {
         const Origin& o = origins_[id];
-        return o.data ? o.base + static_cast<uint64_t>(rec - o.data) : o.base;
+        return o.compressed ? o.base : o.base + static_cast<uint64_t>(rec - o.data);
     }
     void retain(uint32_t id) { ++chunks_[id].refs; }
     // Inline: called twice per record (the ordering queue and the batch each hold one).
@@ -97,11 +97,12 @@ private:
     std::vector<Chunk> chunks_;
     std::vector<uint32_t> free_;
     // Where each chunk came from (base(), compressed(), origin()), per id, in
-    // memory that never moves (chunks_ does when it grows): 16 MiB of address
+    // memory that never moves (chunks_ does when it grows): 24 MiB of address
     // space from calloc, untouched pages until ids that high are used.
     struct Origin {
         uint64_t base;
-        const uint8_t* data;  // a file chunk's bytes; nullptr for a decompressed chunk
+        const uint8_t* data;  // the bytes as reserved by acquire() (a file chunk's never move)
+        bool compressed;
     };
     struct Free {
         void operator()(Origin* p) const { std::free(p); }
