@@ -136,6 +136,8 @@ GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& mod
       names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0, background)),
       ksyms_(names_->ksyms) {}
 
+void GilStackClassifier::limit_stack_texts(size_t bytes) { texts_.set_max_bytes(bytes); }
+
 namespace {
 std::string names_json(const std::vector<std::string>& names) {
     std::string j;
@@ -299,17 +301,18 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         return;
     }
     bool decided = false;
-    std::string& stack = label.stack_json;
     // Frames are cached as JSON fragments, escaped once ("a","b" for a pc
     // with an inlined call): a stack is then a few appends, not a character
     // loop per frame per sleep.
+    std::string& stack = scratch_;
+    stack.clear();
     auto add_json = [&stack](const std::string& fragment) {
         if (fragment.empty()) return;
         stack += stack.empty() ? '[' : ',';  // a char: no strlen per frame
         stack += fragment;
     };
-    auto add_kernel_frames = [&] {
-        // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
+    // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
+    auto for_kernel_frames = [&s](auto&& each) {
         bool kernel = false;
         for (size_t i = 0; i < s.callchain.size(); ++i) {
             uint64_t ip = s.callchain[i];
@@ -318,34 +321,18 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
                 if (ip == PERF_CONTEXT_USER) break;
                 continue;
             }
-            if (kernel) add_json(kernel_frame_json(ip));
+            if (kernel) each(ip);
         }
     };
-    // While /proc/kallsyms is still being read (the first sleeps), the user
-    // frames come first: loading the modules' DWARF for their names then
-    // overlaps that read instead of following it. The text is the same.
-    // (A deferred read, -j 1, happens at the first kernel frame: nothing to overlap.)
-    const bool kernel_last =
-        stack_frames_ && ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
-    // Never waiting: the user frames are named all the same (the stages
-    // will want them), the kernel frames are not waited for.
-    if (kernel_last && never_wait_) abandoned_ = true;
-    if (stack_frames_ && !kernel_last) add_kernel_frames();
-    // The reader's classifier (-j 2) names a stack's new frames outermost
-    // first, after the unwind: the stages' thread, meeting the same new
-    // stacks at the same time, names them innermost first, and the two
-    // meet in the middle instead of one waiting for each frame the other
-    // has just begun.
-    const bool named_last = never_wait_ && shared_names_ && !names_->symbolizer && stack_frames_;
     frames_.clear();
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
+    // The user frames are named after the unwind, and only for a stack not
+    // seen before (StackTexts): the text is a function of the layout and the
+    // frames' addresses.
     auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
-        if (stack_frames_ && f.mapping) {
-            if (named_last) frames_.push_back(f);
-            else add_json(user_frame_json(*as, layout, f));
-        }
+        if (stack_frames_ && f.mapping) frames_.push_back(f);
         if (decided || !f.module || !f.module->python) return FrameAction::Continue;
         decided = true;
         const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
@@ -364,28 +351,53 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
     UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_frames);
-    if (named_last) {
-        for (size_t i = frames_.size(); i-- > 0;) user_frame_json(*as, layout, frames_[i]);
-        if (!abandoned_)
-            for (const Frame& f : frames_) add_json(user_frame_json(*as, layout, f));  // each now in the local cache
+    if (stack_frames_) {
+        // The stack's key: its layout, how many kernel frames, their
+        // addresses, then the user frames' pcs.
+        key_.clear();
+        key_.push_back(layout);
+        key_.push_back(0);
+        for_kernel_frames([this](uint64_t ip) { key_.push_back(ip); });
+        key_[1] = key_.size() - 2;
+        for (const Frame& f : frames_) key_.push_back(f.pc);
+        const uint64_t h = StackTexts::hash(key_);
+        if (const std::string* kept = texts_.find(key_, h)) {
+            label.stack_shared = kept;  // seen before: nothing to name or build
+        } else {
+            // While /proc/kallsyms is still being read (the first sleeps),
+            // the user frames are named first: loading the modules' DWARF
+            // for their names then overlaps that read instead of following
+            // it. (A deferred read, -j 1, happens at the first kernel frame:
+            // nothing to overlap.)
+            const bool kernel_last =
+                ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
+            // Never waiting: the user frames are named all the same (the
+            // stages will want them), the kernel frames are not waited for.
+            if (kernel_last && never_wait_) abandoned_ = true;
+            // The reader's classifier (-j 2) names a stack's new frames
+            // outermost first: the stages' thread, meeting the same new
+            // stacks at the same time, names them innermost first, and the
+            // two meet in the middle instead of one waiting for each frame
+            // the other has just begun.
+            const bool named_last = never_wait_ && shared_names_ && !names_->symbolizer;
+            if (named_last)
+                for (size_t i = frames_.size(); i-- > 0;) user_frame_json(*as, layout, frames_[i]);
+            else if (kernel_last)
+                for (const Frame& f : frames_) user_frame_json(*as, layout, f);
+            if (!abandoned_) {
+                for_kernel_frames([&](uint64_t ip) { add_json(kernel_frame_json(ip)); });
+                for (const Frame& f : frames_) add_json(user_frame_json(*as, layout, f));  // each now cached
+                if (!stack.empty()) stack += ']';
+                if (const std::string* added = texts_.add(key_, h, stack)) label.stack_shared = added;
+                else label.stack_json = stack;  // no room left to keep it: the label's own
+            }
+        }
     }
     if (abandoned_) {
         label.clear();
         stats_ = before;
         return;
     }
-    if (kernel_last) {
-        std::string user = std::move(stack);  // "[" and the user frames, or empty
-        stack.clear();
-        add_kernel_frames();
-        if (stack.empty()) {
-            stack = std::move(user);
-        } else if (!user.empty()) {
-            stack += ',';
-            stack.append(user, 1, std::string::npos);  // without its "["
-        }
-    }
-    if (!stack.empty()) stack += ']';
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on
     switch (st) {
     case UnwindStatus::Stopped: ++stats_.decided; break;
@@ -443,6 +455,12 @@ ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOpti
         workers_.push_back(std::move(w));
     }
     here_ = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
+    // The kept stack texts of all the classifiers together stay within
+    // what two classifiers keep at -j 2 (with -j 64 a bound per
+    // classifier would be a gigabyte).
+    const size_t share = std::max<size_t>(GilStackClassifier::kStackTextBytes * 2 / (workers_.size() + 1), 1u << 20);
+    here_->limit_stack_texts(share);
+    for (auto& w : workers_) w->gsc->limit_stack_texts(share);
     for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
 }
 

@@ -88,7 +88,8 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     s.name = name;
     if (th.state == SpanKind::Sleep) {
         s.evidence = th.label.evidence;
-        s.stack_json = th.label.stack_json;
+        s.stack_json = th.label.stack();
+        s.stack_stable = th.label.stack_shared != nullptr;
     } else if (th.state == SpanKind::DiskSleep) {
         s.evidence = th.label.evidence;
     }
@@ -121,7 +122,7 @@ void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {
     p.name = std::string(s.name);
     p.state = std::string(s.state);
     p.evidence = std::string(s.evidence);
-    p.stack = std::string(s.stack_json);
+    if (!s.stack_stable) p.stack = std::string(s.stack_json);  // a stable text is kept as the view
     p.ticket = ticket;
     p.st = st;
     pending_.push_back(std::move(p));
@@ -137,7 +138,12 @@ void Timeline::drain(bool wait) {
             // The label is this span's alone: its strings are taken, not copied.
             if (!l->name.empty()) p.name = std::move(l->name);
             p.evidence = std::move(l->evidence);
-            p.stack = std::move(l->stack_json);
+            if (l->stack_shared) {
+                p.span.stack_json = *l->stack_shared;
+                p.span.stack_stable = true;
+            } else {
+                p.stack = std::move(l->stack_json);
+            }
             const uint64_t d = p.span.end - p.span.start;
             p.st->sleep_ns += d;
             ++p.st->sleep_count;
@@ -150,7 +156,7 @@ void Timeline::drain(bool wait) {
         p.span.name = p.name;
         p.span.state = p.state;
         p.span.evidence = p.evidence;
-        p.span.stack_json = p.stack;
+        if (!p.span.stack_stable) p.span.stack_json = p.stack;
         sink_.span(p.span);
         pending_.pop_front();
     }

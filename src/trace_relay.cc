@@ -21,7 +21,18 @@ inline char* put(char* p, std::string_view s) {
     return p + s.size();
 }
 
+// A text that outlives the relay's blocks (Span::stack_stable): its address
+// and length travel, not its bytes.
+struct Ref {
+    std::string_view s;
+};
+inline char* put(char* p, Ref r) {
+    p = put(p, r.s.data());
+    return put(p, r.s.size());
+}
+
 inline size_t field_size(std::string_view s) { return 4 + s.size(); }
+inline size_t field_size(Ref) { return sizeof(const char*) + sizeof(size_t); }
 template <class T>
 inline size_t field_size(T) {
     return sizeof(T);
@@ -42,9 +53,13 @@ struct Unpack {
         p += n;
         return s;
     }
+    std::string_view ref() {
+        const auto* data = get<const char*>();
+        return {data, get<size_t>()};
+    }
 };
 
-enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4 };
+enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4, kStackRef = 8 };
 
 }  // namespace
 
@@ -149,7 +164,8 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
             s.name = u.str();
             s.state = u.str();
             s.evidence = u.str();
-            s.stack_json = u.str();
+            s.stack_stable = flags & kStackRef;
+            s.stack_json = s.stack_stable ? u.ref() : u.str();
             writer_.span(s);
             break;
         }
@@ -195,9 +211,13 @@ void TraceRelay::append(Op op, const F&... fields) {
 void TraceRelay::span(const Span& s) {
     if (!filter_.wanted(s)) return;  // e.g. running spans without --running: most of them
     const auto flags = static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
-                                            (s.preempted ? kPreempted : 0));
-    append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
-           s.state, s.evidence, s.stack_json);
+                                            (s.preempted ? kPreempted : 0) | (s.stack_stable ? kStackRef : 0));
+    if (s.stack_stable)  // a kept stack text (kilobytes): its address, not a copy
+        append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
+               s.state, s.evidence, Ref{s.stack_json});
+    else
+        append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
+               s.state, s.evidence, s.stack_json);
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {

@@ -187,10 +187,10 @@ TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (
         held.classify(smp, ev, ps, other);
         if (ps.cls != StateClass::Sleeping) return;
         ++sleeps;
-        same += label.name == other.name && label.evidence == other.evidence && label.stack_json == other.stack_json;
-        if (label.stack_json.empty()) return;
+        same += label.name == other.name && label.evidence == other.evidence && label.stack() == other.stack();
+        if (label.stack().empty()) return;
         ++stacks;
-        with_kernel += label.stack_json.rfind("[\"", 0) == 0 && label.stack_json.find("([kernel])") != std::string::npos;
+        with_kernel += label.stack().rfind("[\"", 0) == 0 && label.stack().find("([kernel])") != std::string::npos;
     });
     FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
     s.run(stages);
@@ -216,7 +216,7 @@ void for_each_stack_sleep(ProcessMaps& maps, ModuleCache& modules, const std::st
     Timeline tl(s, sink);
     tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
         ref.classify(smp, ev, ps, label);
-        if (ps.cls == StateClass::Sleeping && label.stack_json.find("(libpython") != std::string::npos)
+        if (ps.cls == StateClass::Sleeping && label.stack().find("(libpython") != std::string::npos)
             each(smp, ev, ps, label);
     });
     FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
@@ -266,7 +266,7 @@ TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leave
             reader.classify(smp, ev, ps, got);
             CHECK(reader.abandoned());
             CHECK(got.name.empty());
-            CHECK(got.stack_json.empty());
+            CHECK(got.stack().empty());
             CHECK(reader.stats().sleeps_seen == before.sleeps_seen);
             CHECK(reader.stats().decided == before.decided);
             CHECK(named_frames(*names) == keys.size() - 1);  // every other frame named meanwhile
@@ -289,7 +289,7 @@ TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leave
             names->named.notify_all();
             t.join();
             CHECK_FALSE(stages.abandoned());
-            CHECK(waited.stack_json.find("\"named by the other thread\"") != std::string::npos);
+            CHECK(waited.stack().find("\"named by the other thread\"") != std::string::npos);
             {
                 std::lock_guard<std::mutex> l(names->mu);  // its real text, for the sleeps below
                 names->names[busy.first].erase(busy.second);
@@ -298,7 +298,7 @@ TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leave
         }
         reader.classify(smp, ev, ps, got);
         CHECK_FALSE(reader.abandoned());
-        same += got.name == want.name && got.evidence == want.evidence && got.stack_json == want.stack_json;
+        same += got.name == want.name && got.evidence == want.evidence && got.stack() == want.stack();
     });
     CHECK(checked_abandon);
     CHECK(sleeps > 100);
@@ -321,17 +321,66 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
         if (sleeps++ == 0) {
             reader.classify(smp, ev, ps, got);
             abandoned += reader.abandoned();
-            CHECK(got.stack_json.empty());
+            CHECK(got.stack().empty());
             CHECK(named_frames(*names) >= 3);  // its user frames
             later.set_value(std::make_shared<KernelSymbols>(release));
         }
         reader.classify(smp, ev, ps, got);
         CHECK_FALSE(reader.abandoned());
-        same += got.name == want.name && got.evidence == want.evidence && got.stack_json == want.stack_json;
+        same += got.name == want.name && got.evidence == want.evidence && got.stack() == want.stack();
     });
     CHECK(abandoned == 1);
     CHECK(sleeps > 100);
     CHECK(same == sleeps);
+}
+
+TEST_CASE("a kept stack text is byte for byte what building the stack again gives") {
+    // The same sleeps through a classifier that keeps each distinct stack's
+    // text once (the default) and one that builds every text (no room to
+    // keep any): the same labels, the kept ones shared between sleeps.
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    const std::string release = s.features().os_release;
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    GilStackClassifier keeping(&maps, modules, 64, release, nullptr, /*background=*/false);
+    GilStackClassifier building(&maps, modules, 64, release, nullptr, /*background=*/false);
+    building.limit_stack_texts(0);
+    struct StackSpans : SpanSink {
+        uint64_t with_stack = 0, stable = 0;
+        void span(const Span& sp) override {
+            with_stack += !sp.stack_json.empty();
+            stable += sp.stack_stable;
+        }
+    } sink;
+    Timeline tl(s, sink);
+    uint64_t stacks = 0, same = 0, shared = 0, owned = 0;
+    std::set<const std::string*> texts;
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        SleepLabel built;
+        keeping.classify(smp, ev, ps, label);
+        building.classify(smp, ev, ps, built);
+        if (ps.cls != StateClass::Sleeping || built.stack().empty()) return;
+        ++stacks;
+        same += label.name == built.name && label.evidence == built.evidence && label.stack() == built.stack();
+        shared += label.stack_shared != nullptr && label.stack_json.empty();
+        owned += built.stack_shared == nullptr;
+        texts.insert(label.stack_shared);
+    });
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+    s.run(stages);
+    MESSAGE(stacks << " sleep stacks, " << texts.size() << " distinct texts");
+    CHECK(stacks > 100);
+    CHECK(same == stacks);
+    CHECK(shared == stacks);
+    CHECK(owned == stacks);
+    CHECK(texts.size() == keeping.stack_texts().size());
+    CHECK(texts.size() < stacks / 2);  // the same stacks recur
+    CHECK(building.stack_texts().size() == 0);
+    CHECK(building.stack_texts().refused() == stacks);
+    // The trace's spans carry the kept texts by reference (Span::stack_stable).
+    CHECK(sink.with_stack > 100);
+    CHECK(sink.stable == sink.with_stack);
 }
 
 TEST_CASE("a sleep's evidence text is what printf's \"%s+0x%llx in %s (frame %u)\" gives, at any length") {

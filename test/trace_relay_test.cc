@@ -34,6 +34,10 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
     const std::string huge_stack = "[" + std::string(TraceRelay::kBlock + 1000, 'f') + "]";
     const std::string odd = "a\"b\\c\nd\x01\xe9";
+    // A classifier's kept stack texts (Span::stack_stable): the relay hands
+    // on their address. Alive until the trace is written.
+    static const std::string kept[] = {"[\"take_gil+0x2a (libpython3.11.so)\",\"[kernel]\"]",
+                                       "[" + std::string(3000, 'k') + "]", ""};
     const SpanKind kinds[] = {SpanKind::Running, SpanKind::Runnable, SpanKind::Sleep,
                               SpanKind::DiskSleep, SpanKind::Other, SpanKind::Unknown};
     const char* names[] = {"R", "R+", "S", "D", "other", "unknown"};
@@ -61,7 +65,12 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             s.woken_before_switch = rnd() % 13 == 0;
             s.preempted = rnd() % 2;
             if (rnd() % 9 == 0) s.evidence = odd;
-            if (i == n / 2) s.stack_json = huge_stack;
+            if (i == n / 2) {
+                s.stack_json = huge_stack;
+            } else if (rnd() % 4 == 0) {
+                s.stack_json = kept[rnd() % 3];
+                s.stack_stable = true;
+            }
             sink.span(s);
             break;
         }
@@ -150,6 +159,41 @@ TEST_CASE("TraceRelay: the trace is byte for byte the TraceWriter's, whoever for
         CHECK(by_others > 0);
         CHECK(helped == direct);
     }
+}
+
+TEST_CASE("TraceRelay: a kept stack text travels by its address, not its bytes") {
+    test::TempDir dir("gilscan-relay-ref");
+    const std::string path = (dir.path / "t.json").string();
+    const std::string stack = "[\"" + std::string(20000, 's') + "\"]";  // 20 kB: a deep stack
+    const int n = 1000;                                                   // 20 MB (160 blocks) if copied
+    uint64_t blocks = 0;
+    {
+        OutputFile out(path);
+        TraceWriter tw(out, {});
+        TraceRelay relay(tw);
+        for (int i = 0; i < n; ++i) {
+            Span s;
+            s.tgid = 1;
+            s.tid = 2;
+            s.start = 1000u + 10u * static_cast<unsigned>(i);
+            s.end = s.start + 5;
+            s.kind = SpanKind::Sleep;
+            s.name = "S(GIL)";
+            s.state = "S";
+            s.stack_json = stack;
+            s.stack_stable = true;
+            relay.span(s);
+        }
+        relay.close();
+        blocks = relay.blocks_formatted_by_producer();
+        tw.finish({}, {});
+        out.commit();
+    }
+    CHECK(blocks <= 2);  // the spans' own fields: tens of bytes each
+    const std::string text = slurp(path);
+    size_t found = 0;
+    for (size_t at = text.find(stack); at != std::string::npos; at = text.find(stack, at + stack.size())) ++found;
+    CHECK(found == static_cast<size_t>(n));
 }
 
 TEST_CASE("TraceRelay: a write that fails while another thread formats is an error on the stages' thread") {

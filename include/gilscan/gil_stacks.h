@@ -29,6 +29,7 @@
 
 #include "gilscan/modules.h"
 #include "gilscan/process_maps.h"
+#include "gilscan/stack_texts.h"
 #include "gilscan/sched_events.h"
 #include "gilscan/timeline.h"
 #include "gilscan/unwind.h"
@@ -153,6 +154,12 @@ public:
     // cache, so that the stages find them named when they classify that
     // sleep themselves.
     void set_never_wait(bool on) { never_wait_ = on; }
+    // Sleep stacks' texts are kept once per distinct stack (StackTexts),
+    // up to this many bytes (default kStackTextBytes); past it labels own
+    // their texts. Kept texts live as long as the classifier.
+    static constexpr size_t kStackTextBytes = 16u << 20;
+    void limit_stack_texts(size_t bytes);
+    const StackTexts& stack_texts() const { return texts_; }
     bool abandoned() const { return abandoned_; }
 
 private:
@@ -171,7 +178,10 @@ private:
     bool shared_names_;  // names_ came from outside (-j workers): hits go through local_*
     bool never_wait_ = false;
     bool abandoned_ = false;  // of the last classify_into
-    std::vector<Frame> frames_;  // a never-waiting classifier's user frames, named after the unwind
+    std::vector<Frame> frames_;  // the user frames of the sleep being classified, named after the unwind
+    StackTexts texts_{kStackTextBytes};  // each distinct stack's text, kept once (labels point at it)
+    std::vector<uint64_t> key_;  // the stack being classified, as StackTexts keys it
+    std::string scratch_;        // its text being built
     std::shared_ptr<NameCache> names_;
     std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms_;  // this thread's copy of names_->ksyms
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> local_names_;  // shared cache only

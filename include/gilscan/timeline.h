@@ -48,7 +48,11 @@ struct SleepLabel {
     std::string name;       // "S", "S(GIL)", "S(GIL handoff)", "D", ...
     std::string evidence;   // e.g. the matching frame
     bool gil = false;       // counts towards gil_sleep_us
-    std::string stack_json; // optional: the symbolized stack, a JSON array
+    std::string stack_json; // optional: the symbolized stack, a JSON array (when not shared)
+    // Or the stack's text kept once by the classifier that made the label
+    // (StackTexts): it stays valid as long as that classifier lives, which
+    // is until the trace is written. Read both through stack().
+    const std::string* stack_shared = nullptr;
     int64_t ticket = -1;    // >= 0: decided later (-j): the timeline resolves it when it emits the span
     // Whether name and evidence are read: a summary-only run's timeline reads
     // only gil (and the stack), so a classifier may leave the strings empty
@@ -63,8 +67,10 @@ struct SleepLabel {
         evidence.clear();
         gil = false;
         stack_json.clear();
+        stack_shared = nullptr;
         ticket = -1;
     }
+    std::string_view stack() const { return stack_shared ? std::string_view(*stack_shared) : std::string_view(stack_json); }
 };
 
 struct Span {
@@ -75,6 +81,9 @@ struct Span {
     std::string_view state;    // prev_state letters as perf prints them
     std::string_view evidence;
     std::string_view stack_json;  // JSON array text, or empty
+    // stack_json's text is a classifier's kept text (SleepLabel::stack_shared),
+    // valid until the trace is written: a sink may keep the view, not a copy.
+    bool stack_stable = false;
     int32_t waker = -1;        // thread whose wake-up ended the sleep / runnable wait
     uint32_t cpu = ~0u;
     bool cut_at_end = false;   // still open when the recording ended
@@ -229,7 +238,7 @@ private:
     Resolver resolver_;
     struct PendingSpan {
         Span span;
-        std::string name, state, evidence, stack;  // what the span's views point at
+        std::string name, state, evidence, stack;  // what the span's views point at (the stack: unless stable)
         int64_t ticket = -1;                       // >= 0: the label is not known yet
         ThreadStats* st = nullptr;
     };
