@@ -32,6 +32,10 @@ struct Handed {
     const uint8_t* rec;
     uint32_t chunk;
     int16_t event;  // as the reader found it (-1: not known, the stages look it up)
+    // The record's size when the reader read its header (with a reader
+    // stage), else 0: the stages ask for its last line early (a DWARF
+    // sample's dyn_size is 8 kB past its start).
+    uint16_t size;
 };
 static_assert(sizeof(Handed) == 16);
 // A batch of them: items resized, then written (no zero fill first); with a
@@ -131,6 +135,7 @@ void Session::run(EventSink& sink) {
                 __builtin_prefetch(items[i + 8].rec);
                 __builtin_prefetch(items[i + 8].rec + 64);
             }
+            if (i + 4 < n && items[i + 4].size > 128) __builtin_prefetch(items[i + 4].rec + items[i + 4].size - 8);
             const Handed& h = items[i];
             with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
@@ -202,7 +207,7 @@ void Session::run(EventSink& sink) {
                                                                  handoff.queued_bytes() >= kSpareFrom)
                                               : nullptr);
             }
-            batch.items.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.chunk, handed_event(rec.event)});
+            batch.items.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.chunk, handed_event(rec.event), rec.size});
             rd.batch_bytes += rec.size;
             if (batch.items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
         };
@@ -233,7 +238,7 @@ void Session::run(EventSink& sink) {
                 for (const OrderedQueue::Entry* const stop = e + take; e != stop; ++e, ++out) {
                     // The entry holds events up to 4094 only: no clamp.
                     const uint32_t chunk = e->chunk();
-                    *out = {chunks.data(chunk) + e->pos, chunk, static_cast<int16_t>(e->event())};
+                    *out = {chunks.data(chunk) + e->pos, chunk, static_cast<int16_t>(e->event()), 0};
                 }
                 rd.batch_bytes += take * mean;
                 if (items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
