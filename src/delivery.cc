@@ -33,8 +33,7 @@ struct Handed {
     uint32_t chunk;
     int16_t event;  // as the reader found it (-1: not known, the stages look it up)
     // The record's size when the reader read its header (with a reader
-    // stage), else 0: the stages ask for its last line early (a DWARF
-    // sample's dyn_size is 8 kB past its start).
+    // stage), else 0 (the stages read it: prefetch_stack_sample).
     uint16_t size;
 };
 static_assert(sizeof(Handed) == 16);
@@ -49,6 +48,25 @@ struct HandedBatch {
         notes.clear();
     }
 };
+// A record the stages will read 4 records on, in a recording with DWARF
+// stacks (STACK_USER: samples of kilobytes). Their bytes were brought in by
+// the reader's pread a round or two earlier (records wait to be ordered),
+// since evicted or on the other core, and the stages read them in two
+// places: the fields, registers and the innermost frames' stack words (the
+// unwinder's reads, mostly within the first 1.5 kB), and dyn_size at the
+// end (8 kB on). Asked for here, those misses overlap the work on the
+// records before it: -j 1 on the bench's DWARF capture took 0.865 of the
+// time, -j 2 0.92 (bench/NOTES.md). Its header was asked for 4 records ago.
+inline void prefetch_stack_sample(const Handed& h, bool swap) {
+    const size_t size = h.size ? h.size : load<uint16_t>(h.rec + 6, swap);  // perf_event_header.size
+    if (size <= 1024) return;  // not a stack sample: its first two lines are asked for already
+    // GCC 12 (-O1 and up) deleted this whole function, the prefetches being
+    // its only effects (its tree DCE; clang keeps them): an empty volatile
+    // asm is an effect it must keep.
+    asm volatile("");
+    __builtin_prefetch(h.rec + size - 8);
+    for (size_t at = 128; at < 1536; at += 64) __builtin_prefetch(h.rec + at);
+}
 // Handed::event from the reader's lookup: events past int16_t go as not
 // known (the stages look them up), never as another event.
 int16_t handed_event(int ev) { return static_cast<int16_t>(ev >= 0 && ev <= INT16_MAX ? ev : -1); }
@@ -129,13 +147,14 @@ void Session::run(EventSink& sink) {
         const Handed* const items = batch.items.data();
         const void* const* const notes = batch.notes.empty() ? nullptr : batch.notes.data();
         const size_t n = batch.items.size();
+        const bool stack_samples = stack_samples_;
         for (size_t i = 0; i < n; ++i) {
             // The reader's core read these bytes last: ask for them early.
             if (i + 8 < n) {
                 __builtin_prefetch(items[i + 8].rec);
                 __builtin_prefetch(items[i + 8].rec + 64);
             }
-            if (i + 4 < n && items[i + 4].size > 128) __builtin_prefetch(items[i + 4].rec + items[i + 4].size - 8);
+            if (stack_samples && i + 4 < n) prefetch_stack_sample(items[i + 4], header_.swap);
             const Handed& h = items[i];
             with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
             r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);

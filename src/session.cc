@@ -52,6 +52,7 @@ void Session::add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids) {
     if (!ids_.add_event(attr, ids))
         throw Error(path(), Error::no_offset,
                     "events place their sample id at different positions; perf cannot read this file either");
+    stack_samples_ |= (attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
     events_.push_back(std::move(ev));
     // Sized here, not checked per sample (deliver). In pipe mode this runs on
     // the reader thread while the stages are idle (Session::run).

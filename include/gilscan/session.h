@@ -166,6 +166,7 @@ private:
     bool have_tracing_ = false;
     bool tracefs_fallback_ = true;
     std::vector<EventInfo> events_;
+    bool stack_samples_ = false;  // an event records STACK_USER (the stages prefetch such samples' lines)
     EventIds ids_;  // the stages'; the reader thread has its own copy (delivery.cc)
     std::function<void(uint64_t, uint64_t)> progress_;
     size_t chunk_size_ = RecordStream::kChunkSize;
