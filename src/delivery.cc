@@ -184,6 +184,31 @@ void Session::run(EventSink& sink) {
         HandedBatch& batch = rd.batch;
         batch.items.reserve(kBatch);
         if (stage) batch.notes.reserve(kBatch);
+        // The reader stage over a whole batch, just before it goes: each
+        // record in order (the stage's address spaces follow every one), its
+        // note beside it. A batch at a time, the records' lines it reads can
+        // be asked for 4 records ahead, as the stages do: the records were
+        // read a round or two ago and are no longer in this core's caches
+        // (one at a time, as the ordering queue hands them on, each stack
+        // sample's parse and unwind waited for its misses). Spare time is
+        // judged once a batch.
+        auto run_stage = [&] {
+            const bool spare = handoff.queued_bytes() >= kSpareFrom;
+            const Handed* const items = batch.items.data();
+            const size_t n = batch.items.size();
+            batch.notes.resize(n);
+            RawRecord r;
+            for (size_t i = 0; i < n; ++i) {
+                if (i + 4 < n) prefetch_stack_sample(items[i + 4], swap);
+                const Handed& h = items[i];
+                with_byte_order(swap, [&](auto sw) { read_header(h.rec, sw, r); });
+                r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+                r.offset = chunks.origin(h.chunk, h.rec);
+                r.chunk = h.chunk;
+                const int ev = h.event >= 0 ? h.event : ids.event_for(r, swap);  // unknown events were never queued
+                batch.notes[i] = ev >= 0 ? stage->on_record(r, events_[static_cast<size_t>(ev)], spare) : nullptr;
+            }
+        };
         auto send = [&] {
             if (batch.empty() || rd.stopped) return;
             if (!threaded) {
@@ -193,6 +218,7 @@ void Session::run(EventSink& sink) {
                 rd.batch_bytes = 0;
                 return;
             }
+            if (stage) run_stage();
             // Rather than wait for room, do what the stages left to the reader.
             if (idle_work) {
                 while (handoff.would_wait(rd.batch_bytes) && (*idle_work)()) {
@@ -220,12 +246,7 @@ void Session::run(EventSink& sink) {
             // The stages gave up: nothing more goes to them (the record's
             // chunk is freed with the ChunkTable).
             if (rd.stopped) return;
-            if (stage) {
-                const int ev = rec.event >= 0 ? rec.event : ids.event_for(rec, swap);  // unknown events were never queued
-                batch.notes.push_back(ev >= 0 ? stage->on_record(rec, events_[static_cast<size_t>(ev)],
-                                                                 handoff.queued_bytes() >= kSpareFrom)
-                                              : nullptr);
-            }
+            // The reader stage sees it when the batch goes (run_stage).
             batch.items.push_back({rec.body.data() - PERF_EVENT_HEADER_SIZE, rec.chunk, handed_event(rec.event), rec.size});
             rd.batch_bytes += rec.size;
             if (batch.items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
