@@ -152,18 +152,26 @@ TEST_CASE("one module cache shared by threads loads each binary once") {
     CHECK(modules.problems().size() == 1);  // the missing one, named once
 }
 
-TEST_CASE("sleep stacks read the same while /proc/kallsyms is still being read (user frames named first)") {
+namespace {
+
+// stacks_py311.data opened, with the maps and modules its classifiers share
+// (a fixture: the test cases see s, release, maps and modules).
+struct Py311Sleeps {
+    Session s{std::string(GILSCAN_TESTDATA) + "/stacks_py311.data"};
+    const std::string release = s.features().os_release;
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(Py311Sleeps, "sleep stacks read the same while /proc/kallsyms is still being read (user frames named first)") {
     // The first sleeps usually come before the background read of the kernel
     // symbols is done: the classifier then names the user frames first (the
     // modules' DWARF loads meanwhile) and puts the kernel frames in front
     // after. Here the read is held back until the user frames of the first
     // sleep have been named, and every label must equal a classifier's whose
     // kernel symbols were there from the start.
-    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
-    Session s(path);
-    const std::string release = s.features().os_release;
-    ProcessMaps maps;
-    ModuleCache modules{ModuleOptions()};
     GilStackClassifier ready(&maps, modules, 64, release, nullptr, /*background=*/false);
     auto names = std::make_shared<GilStackClassifier::NameCache>(release, false);
     std::promise<std::shared_ptr<const KernelSymbols>> later;
@@ -334,15 +342,10 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
     CHECK(same == sleeps);
 }
 
-TEST_CASE("a kept stack text is byte for byte what building the stack again gives") {
+TEST_CASE_FIXTURE(Py311Sleeps, "a kept stack text is byte for byte what building the stack again gives") {
     // The same sleeps through a classifier that keeps each distinct stack's
     // text once (the default) and one that builds every text (no room to
     // keep any): the same labels, the kept ones shared between sleeps.
-    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
-    Session s(path);
-    const std::string release = s.features().os_release;
-    ProcessMaps maps;
-    ModuleCache modules{ModuleOptions()};
     GilStackClassifier keeping(&maps, modules, 64, release, nullptr, /*background=*/false);
     GilStackClassifier building(&maps, modules, 64, release, nullptr, /*background=*/false);
     building.limit_stack_texts(0);
