@@ -156,8 +156,7 @@ void Session::run(EventSink& sink) {
             }
             if (stack_samples && i + 4 < n) prefetch_stack_sample(items[i + 4], header_.swap);
             const Handed& h = items[i];
-            with_byte_order(header_.swap, [&](auto sw) { read_header(h.rec, sw, r); });
-            r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+            with_byte_order(header_.swap, [&](auto sw) { read_framed(h.rec, sw, r); });
             r.note = notes ? notes[i] : nullptr;
             deliver(r, h.event, sink, [&h, &chunk_origins](RawRecord& x) {
                 x.offset = chunk_origins.origin(h.chunk, h.rec);
@@ -201,8 +200,7 @@ void Session::run(EventSink& sink) {
             for (size_t i = 0; i < n; ++i) {
                 if (i + 4 < n) prefetch_stack_sample(items[i + 4], swap);
                 const Handed& h = items[i];
-                with_byte_order(swap, [&](auto sw) { read_header(h.rec, sw, r); });
-                r.body = Bytes(h.rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+                with_byte_order(swap, [&](auto sw) { read_framed(h.rec, sw, r); });
                 r.offset = chunks.origin(h.chunk, h.rec);
                 r.chunk = h.chunk;
                 const int ev = h.event >= 0 ? h.event : ids.event_for(r, swap);  // unknown events were never queued

@@ -460,8 +460,7 @@ private:
             const Entry& e = side[head++];
             const uint32_t chunk = e.chunk();
             const uint8_t* rec = chunks_.data(chunk) + e.pos;
-            read_header(rec, swap_, r);
-            r.body = Bytes(rec + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+            read_framed(rec, swap_, r);
             r.offset = chunks_.origin(chunk, rec);
             r.chunk = chunk;
             r.event = e.event();

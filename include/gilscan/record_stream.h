@@ -129,6 +129,13 @@ inline void read_header(const uint8_t* p, bool swap, RawRecord& r) {
     r.misc = load<uint16_t>(p + 4, swap);
     r.size = load<uint16_t>(p + 6, swap);
 }
+// A record RecordStream framed earlier (its size known to fit), found again
+// where it lies in a chunk: its header, and its body after it. The ordering
+// queue, the stages and the reader stage read handed-over records this way.
+inline void read_framed(const uint8_t* p, bool swap, RawRecord& r) {
+    read_header(p, swap, r);
+    r.body = Bytes(p + PERF_EVENT_HEADER_SIZE, r.size - PERF_EVENT_HEADER_SIZE);
+}
 
 class RecordStream {
 public:
