@@ -21,18 +21,21 @@ inline char* put(char* p, std::string_view s) {
     return p + s.size();
 }
 
-// A text that outlives the relay's blocks (Span::stack_stable): its address
-// and length travel, not its bytes.
-struct Ref {
+// A span's stack: a kept text (Span::stack_stable) outlives the relay's
+// blocks, so its address and length travel, not its kilobytes; any other
+// goes as a string. The span's kStackRef flag tells replay() which.
+struct StackField {
     std::string_view s;
+    bool stable;
 };
-inline char* put(char* p, Ref r) {
-    p = put(p, r.s.data());
-    return put(p, r.s.size());
+inline char* put(char* p, StackField f) {
+    if (!f.stable) return put(p, f.s);
+    p = put(p, f.s.data());
+    return put(p, f.s.size());
 }
 
 inline size_t field_size(std::string_view s) { return 4 + s.size(); }
-inline size_t field_size(Ref) { return sizeof(const char*) + sizeof(size_t); }
+inline size_t field_size(StackField f) { return f.stable ? sizeof(const char*) + sizeof(size_t) : field_size(f.s); }
 template <class T>
 inline size_t field_size(T) {
     return sizeof(T);
@@ -212,12 +215,8 @@ void TraceRelay::span(const Span& s) {
     if (!filter_.wanted(s)) return;  // e.g. running spans without --running: most of them
     const auto flags = static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
                                             (s.preempted ? kPreempted : 0) | (s.stack_stable ? kStackRef : 0));
-    if (s.stack_stable)  // a kept stack text (kilobytes): its address, not a copy
-        append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
-               s.state, s.evidence, Ref{s.stack_json});
-    else
-        append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
-               s.state, s.evidence, s.stack_json);
+    append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
+           s.state, s.evidence, StackField{s.stack_json, s.stack_stable});
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {
