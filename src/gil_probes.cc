@@ -180,14 +180,14 @@ SleepClassifier gil_probe_classifier(const GilTracker& gil) {
         case GilState::Waiting:
             if (l.text) {
                 l.name = "S(GIL)";
-                l.evidence = "inside take_gil (uprobe)";
+                l.evidence_literal = "inside take_gil (uprobe)";
             }
             l.gil = true;
             break;
         case GilState::Dropping:
             if (l.text) {
                 l.name = "S(GIL handoff)";
-                l.evidence = "inside drop_gil (uprobe)";
+                l.evidence_literal = "inside drop_gil (uprobe)";
             }
             break;
         default: break;

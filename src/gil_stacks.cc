@@ -338,12 +338,12 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
         if (const AddrRange* r = f.module->in_take(f.vaddr)) {
             label.name = "S(GIL)";
-            frame_evidence(label.evidence, r->name, f.vaddr - r->begin, file, f.depth);
+            frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
             label.gil = true;
             ++stats_.gil;
         } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
             label.name = "S(GIL handoff)";
-            frame_evidence(label.evidence, d->name, f.vaddr - d->begin, file, f.depth);
+            frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
             ++stats_.handoff;
         }
         return stack_frames_ ? FrameAction::Continue : FrameAction::Stop;  // with stacks: the whole stack

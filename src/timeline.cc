@@ -61,7 +61,7 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
             output(s, th.label.ticket, &th.st);
             return;
         }
-        name = th.label.name.empty() ? std::string_view("S") : std::string_view(th.label.name);
+        name = th.label.name.empty() ? std::string_view("S") : th.label.name;
         th.st.sleep_ns += d;
         ++th.st.sleep_count;
         if (th.label.gil) {
@@ -87,11 +87,11 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
     Span s = span_of(th, start, end, cut);
     s.name = name;
     if (th.state == SpanKind::Sleep) {
-        s.evidence = th.label.evidence;
+        s.evidence = th.label.evidence();
         s.stack_json = th.label.stack();
         s.stack_stable = th.label.stack_shared != nullptr;
     } else if (th.state == SpanKind::DiskSleep) {
-        s.evidence = th.label.evidence;
+        s.evidence = th.label.evidence();
     }
     output(s, -1, nullptr);
 }
@@ -136,8 +136,11 @@ void Timeline::drain(bool wait) {
             std::optional<SleepLabel> l = resolver_(p.ticket, wait);
             if (!l) return;
             // The label is this span's alone: its strings are taken, not copied.
-            if (!l->name.empty()) p.name = std::move(l->name);
-            p.evidence = std::move(l->evidence);
+            if (!l->name.empty()) p.name = l->name;
+            if (l->evidence_literal.empty())
+                p.evidence = std::move(l->evidence_built);
+            else
+                p.evidence = l->evidence_literal;
             if (l->stack_shared) {
                 p.span.stack_json = *l->stack_shared;
                 p.span.stack_stable = true;

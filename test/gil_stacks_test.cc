@@ -195,7 +195,7 @@ TEST_CASE_FIXTURE(Py311Sleeps, "sleep stacks read the same while /proc/kallsyms 
         held.classify(smp, ev, ps, other);
         if (ps.cls != StateClass::Sleeping) return;
         ++sleeps;
-        same += label.name == other.name && label.evidence == other.evidence && label.stack() == other.stack();
+        same += label.name == other.name && label.evidence() == other.evidence() && label.stack() == other.stack();
         if (label.stack().empty()) return;
         ++stacks;
         with_kernel += label.stack().rfind("[\"", 0) == 0 && label.stack().find("([kernel])") != std::string::npos;
@@ -306,7 +306,7 @@ TEST_CASE("-j 2's reader never waits for a frame the stages are naming: it leave
         }
         reader.classify(smp, ev, ps, got);
         CHECK_FALSE(reader.abandoned());
-        same += got.name == want.name && got.evidence == want.evidence && got.stack() == want.stack();
+        same += got.name == want.name && got.evidence() == want.evidence() && got.stack() == want.stack();
     });
     CHECK(checked_abandon);
     CHECK(sleeps > 100);
@@ -335,7 +335,7 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
         }
         reader.classify(smp, ev, ps, got);
         CHECK_FALSE(reader.abandoned());
-        same += got.name == want.name && got.evidence == want.evidence && got.stack() == want.stack();
+        same += got.name == want.name && got.evidence() == want.evidence() && got.stack() == want.stack();
     });
     CHECK(abandoned == 1);
     CHECK(sleeps > 100);
@@ -365,7 +365,7 @@ TEST_CASE_FIXTURE(Py311Sleeps, "a kept stack text is byte for byte what building
         building.classify(smp, ev, ps, built);
         if (ps.cls != StateClass::Sleeping || built.stack().empty()) return;
         ++stacks;
-        same += label.name == built.name && label.evidence == built.evidence && label.stack() == built.stack();
+        same += label.name == built.name && label.evidence() == built.evidence() && label.stack() == built.stack();
         shared += label.stack_shared != nullptr && label.stack_json.empty();
         owned += built.stack_shared == nullptr;
         texts.insert(label.stack_shared);

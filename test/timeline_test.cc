@@ -317,7 +317,7 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
                 text_mismatch += l.text != want;
                 by_probes(smp, ev, ps, l);
                 gil_labels[want] += l.gil;
-                named[want] += !l.name.empty() || !l.evidence.empty();
+                named[want] += !l.name.empty() || !l.evidence().empty();
             });
             FanOutOf<GilTracker, Timeline> stages(gil, tl);
             s.run(stages);
