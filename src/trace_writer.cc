@@ -237,12 +237,17 @@ void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uin
     if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed);
     p = put(p, R"({"ph":"X","cat":"GIL holder","name":"GIL held by )");
+    char* const holder_text = p;
     p = put_int(p, holder);
+    const auto holder_len = static_cast<size_t>(p - holder_text);
     *p++ = '"';
     p = put_track(p, pid, track_tid);
     p = put_interval(p, start_ns, end_ns);
     p = put(p, R"(,"args":{"holder":)");
-    p = put_int(p, holder);
+    // The same digits again, copied (at most 11 and a sign: 12 bytes, which
+    // kFixed leaves room for; the track's text after them is longer).
+    std::memcpy(p, holder_text, 12);
+    p += holder_len;
     p = put(p, "}}");
     end(p);
 }
