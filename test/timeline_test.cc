@@ -355,3 +355,51 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
         if (name == "gil_combined") CHECK(gil_labels[1] > 0);
     }
 }
+
+// SleepLabel's evidence is a literal view or a built string: each sleep's
+// span shows its own, and clear() between sleeps leaves neither behind (a
+// literal kept would hide the next sleep's built text; a built text kept
+// would label a sleep nobody classified).
+TEST_CASE("a sleep's evidence is its own label's: a literal, a built string, or none") {
+    SchedRecording r;
+    r.switch_(50, 0, 10, 12, 1, 11);
+    for (uint64_t t = 100; t <= 300; t += 100) {
+        r.switch_(t, 0, 10, 11, 1, 0);         // 11 sleeps
+        r.waking(t + 20, 1, 10, 12, 11);       // woken by 12
+        r.switch_(t + 40, 0, 10, 12, 1, 11);   // and on a CPU again
+    }
+    r.switch_(400, 0, 10, 11, 1, 0);
+    TempFile f(r.w.build());
+    Session s(f.path);
+    struct Evidence : SpanSink {
+        std::vector<std::pair<std::string, std::string>> sleeps;  // name, evidence
+        void span(const Span& sp) override {
+            if (sp.tid == 11 && sp.kind == SpanKind::Sleep) sleeps.emplace_back(sp.name, sp.evidence);
+        }
+    } sink;
+    Timeline tl(s, sink);
+    int calls = 0;
+    tl.set_classifier([&](const Sample& smp, const EventInfo&, const PrevState&, SleepLabel& l) {
+        if (smp.tid != 11) return;
+        CHECK(l.evidence().empty());  // cleared since the last sleep
+        switch (calls++) {
+        case 0:
+            l.name = "S(GIL)";
+            l.evidence_literal = "a literal";
+            break;
+        case 1:
+            l.name = "S(GIL handoff)";
+            l.evidence_built = "built for sleep " + std::to_string(calls);
+            break;
+        default: break;  // unclassified
+        }
+    });
+    s.run(tl);
+    tl.finish(s.stats().last_time);
+    CHECK(calls == 4);
+    REQUIRE(sink.sleeps.size() == 4);
+    CHECK(sink.sleeps[0] == std::pair<std::string, std::string>{"S(GIL)", "a literal"});
+    CHECK(sink.sleeps[1] == std::pair<std::string, std::string>{"S(GIL handoff)", "built for sleep 2"});
+    CHECK(sink.sleeps[2] == std::pair<std::string, std::string>{"S", ""});
+    CHECK(sink.sleeps[3] == std::pair<std::string, std::string>{"S", ""});
+}
