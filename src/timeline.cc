@@ -135,7 +135,7 @@ void Timeline::drain(bool wait) {
         if (p.ticket >= 0) {
             std::optional<SleepLabel> l = resolver_(p.ticket, wait);
             if (!l) return;
-            // The label is this span's alone: its strings are taken, not copied.
+            // The label is this span's alone: its built strings are taken, not copied.
             if (!l->name.empty()) p.name = l->name;
             if (l->evidence_literal.empty())
                 p.evidence = std::move(l->evidence_built);
