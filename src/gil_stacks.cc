@@ -429,10 +429,6 @@ namespace {
 // decoding thread; on a VM a wake-up costs tens of microseconds, so jobs
 // travel in batches of 64 (a few hundred microseconds of unwinding).
 constexpr size_t kJobBatch = 64;
-// Batches queued for the workers. When the workers fall behind, the
-// decoding thread unwinds the next batch itself instead of queueing (and
-// copying) ever more stacks.
-constexpr size_t kMaxQueuedBatches = 8;
 }
 
 struct ParallelStackClassifier::Shared {
@@ -445,8 +441,8 @@ struct ParallelStackClassifier::Shared {
 };
 
 ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
-                                                 std::string kernel_release)
-    : modules_(std::make_unique<ModuleCache>(mopt)), sh_(std::make_unique<Shared>()) {
+                                                 std::string kernel_release, size_t max_queued_batches)
+    : modules_(std::make_unique<ModuleCache>(mopt)), sh_(std::make_unique<Shared>()), max_queued_(max_queued_batches) {
     auto names = std::make_shared<GilStackClassifier::NameCache>(kernel_release, stack_frames > 0);
     if (stack_frames) names->symbolizer = std::make_unique<DwarfUnwinder>(*modules_);
     for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
@@ -494,7 +490,7 @@ void ParallelStackClassifier::hand_staged() {
     batch.swap(staged_);
     {
         std::lock_guard<std::mutex> l(sh_->mu);
-        if (sh_->queue.size() < kMaxQueuedBatches) {
+        if (sh_->queue.size() < max_queued_) {
             sh_->queue.push_back(std::move(batch));
             batch.clear();
         }
@@ -563,7 +559,13 @@ std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool 
         return label;
     };
     if (auto l = take()) return l;
-    if (wait) hand_staged();  // the ticket may still be staged here
+    if (wait) {
+        hand_staged();  // the ticket may still be staged here
+        // ... and labelled by that call, on this thread, when the workers
+        // had no room for the batch: the wait below is for workers' jobs
+        // only, and would never end for it.
+        if (auto l = take()) return l;
+    }
     if (!wait && sh_->posted.load(std::memory_order_acquire) == seen_posted_) return std::nullopt;
     {
         std::unique_lock<std::mutex> l(sh_->mu);

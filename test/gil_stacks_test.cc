@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -340,6 +341,42 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
     CHECK(abandoned == 1);
     CHECK(sleeps > 100);
     CHECK(same == sleeps);
+}
+
+TEST_CASE("-j workers: a label the decoding thread made itself, for want of room, is resolved without waiting") {
+    // With no room queued for the workers (as when they are 8 batches
+    // behind), a staged batch is labelled on the decoding thread when a
+    // resolve(wait) hands it over. The ticket waited for can be in it: that
+    // resolve must take its label rather than wait for a worker that never
+    // had the job. (It waited for ever before.)
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    const std::string release = Session(std::string(GILSCAN_TESTDATA) + "/stacks_py311.data").features().os_release;
+    ParallelStackClassifier no_room(1, ModuleOptions(), 0, release, /*max_queued_batches=*/0);
+    std::vector<std::pair<int64_t, SleepLabel>> tickets;
+    for_each_stack_sleep(maps, modules, release, [&](const Sample& smp, const EventInfo&, const PrevState&,
+                                                     const SleepLabel& want) {
+        if (tickets.size() < 5) tickets.emplace_back(no_room.submit(maps.snapshot(smp.pid), smp), want);  // staged
+    });
+    REQUIRE(tickets.size() == 5);
+    // On a thread of its own, so that a wait for ever fails the test instead of hanging it.
+    std::promise<size_t> same;
+    std::future<size_t> result = same.get_future();
+    std::thread t([&] {
+        size_t n = 0;
+        for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) {  // the newest first
+            std::optional<SleepLabel> got = no_room.resolve(it->first, true);
+            n += got && got->name == it->second.name && got->gil == it->second.gil;
+        }
+        same.set_value(n);
+    });
+    if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        FAIL_CHECK("resolve(wait) still waiting after 60 s");
+        std::fflush(nullptr);
+        std::_Exit(1);  // the thread cannot be stopped
+    }
+    t.join();
+    CHECK(result.get() == tickets.size());
 }
 
 TEST_CASE_FIXTURE(Py311Sleeps, "a kept stack text is byte for byte what building the stack again gives") {

@@ -206,7 +206,12 @@ namespace gilscan {
 // not thread-safe).
 class ParallelStackClassifier {
 public:
-    ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release);
+    // Batches queued for the workers: when the workers fall behind, the
+    // decoding thread unwinds the next batch itself instead of queueing (and
+    // copying) ever more stacks. 0: every batch on the decoding thread (tests).
+    static constexpr size_t kMaxQueuedBatches = 8;
+    ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release,
+                            size_t max_queued_batches = kMaxQueuedBatches);
     ~ParallelStackClassifier();
 
     // Jobs go to the workers in batches and labels come back in batches: a
@@ -230,6 +235,7 @@ private:
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
     int64_t next_ticket_ = 0;
+    size_t max_queued_;
     // The decoding thread's side: jobs not yet handed over, labels taken
     // over, and finished jobs to reuse. Jobs are recycled, never freed by a
     // worker: a free into another thread's malloc arena takes that arena's
