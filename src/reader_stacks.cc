@@ -78,6 +78,7 @@ const ReaderStacks::Note* ReaderStacks::classify(const Sample& s, const EventInf
         free_.pop_back();
     }
     const StackStats before = gsc_.stats();
+    n->label.text = text_;  // kept by classify_into's clear()
     gsc_.classify_into(maps_.space(s.pid), s, n->label);
     if (gsc_.abandoned()) {
         free_.push_back(n);

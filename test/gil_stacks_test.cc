@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <sys/utsname.h>
 
@@ -341,6 +342,52 @@ TEST_CASE("-j 2's reader does not wait for /proc/kallsyms: it names the user fra
     CHECK(abandoned == 1);
     CHECK(sleeps > 100);
     CHECK(same == sleeps);
+}
+
+TEST_CASE("a summary-only run's labels give the same answer without the evidence text, here and on -j workers") {
+    // SleepLabel::text false (no trace written): the label's name, GIL flag
+    // and counts are what a trace run gets; only the matching frame's
+    // evidence text is not built. The same through the -j workers, told by
+    // ParallelStackClassifier::set_text.
+    ProcessMaps maps;
+    ModuleCache modules{ModuleOptions()};
+    const std::string release = Session(std::string(GILSCAN_TESTDATA) + "/stacks_py311.data").features().os_release;
+    GilStackClassifier summary_only(&maps, modules, 0, release, nullptr, /*background=*/false);
+    ParallelStackClassifier workers(1, ModuleOptions(), 0, release);
+    workers.set_text(false);
+    ParallelStackClassifier traced_workers(1, ModuleOptions(), 0, release);  // texts by default
+    uint64_t sleeps = 0, decided_with_text = 0, same = 0, no_text = 0;
+    std::vector<std::tuple<int64_t, int64_t, SleepLabel>> tickets;  // (summary-only, traced, reference)
+    for_each_stack_sleep(maps, modules, release, [&](const Sample& smp, const EventInfo& ev, const PrevState& ps,
+                                                     const SleepLabel& want) {
+        ++sleeps;
+        decided_with_text += !want.evidence_built.empty();
+        SleepLabel got;
+        got.text = false;  // as the timeline sets it when no span is wanted
+        summary_only.classify(smp, ev, ps, got);
+        same += got.name == want.name && got.gil == want.gil;
+        no_text += got.evidence().empty();
+        tickets.emplace_back(workers.submit(maps.snapshot(smp.pid), smp),
+                             traced_workers.submit(maps.snapshot(smp.pid), smp), want);
+    });
+    CHECK(sleeps > 100);
+    CHECK(decided_with_text > 50);  // the reference (a trace run) has the texts
+    CHECK(same == sleeps);
+    CHECK(no_text == sleeps);
+    CHECK(summary_only.stats().gil + summary_only.stats().handoff == decided_with_text);
+    uint64_t w_same = 0, w_no_text = 0, t_same = 0;
+    for (const auto& [ticket, traced, want] : tickets) {
+        std::optional<SleepLabel> got = workers.resolve(ticket, true);
+        std::optional<SleepLabel> full = traced_workers.resolve(traced, true);
+        REQUIRE(got);
+        REQUIRE(full);
+        w_same += got->name == want.name && got->gil == want.gil;
+        w_no_text += got->evidence().empty();
+        t_same += full->name == want.name && full->evidence() == want.evidence();
+    }
+    CHECK(w_same == sleeps);
+    CHECK(w_no_text == sleeps);
+    CHECK(t_same == sleeps);
 }
 
 TEST_CASE("-j workers: a label the decoding thread made itself, for want of room, is resolved without waiting") {

@@ -207,6 +207,15 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 else CHECK(most_threads >= before + 2);  // the reader and the trace writer
                 const std::string trace = slurp(o.output), summary = summary_json(fsum).dump();
                 REQUIRE(trace.size() > 1000);
+                // A GIL wait found in a stack names its frame in the trace
+                // (on every path: stages, reader notes, workers) ...
+                if (name != "gil_combined") CHECK(trace.find(" (frame ") != std::string::npos);
+                // ... and without a trace the same run makes no such texts
+                // (SleepLabel::text), with the same summary.
+                AnalysisOptions summary_only = o;
+                summary_only.output.clear();
+                summary_only.progress = nullptr;
+                CHECK(summary_json(analyse_recording(summary_only)).dump() == summary);
                 // Every sleep classified by its stack got its label from the
                 // reader thread: it took the same sleeps as the stages would.
                 if (config == 4) CHECK(fsum.stack_stats.from_reader == ref_sleeps);

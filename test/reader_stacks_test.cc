@@ -149,3 +149,44 @@ TEST_CASE("reader stage: a sleep whose label would wait for another thread is le
     CHECK(ahead.notes_abandoned() > 100);
     CHECK(named_frames(*names) > 10);  // the user frames, named for the stages
 }
+
+TEST_CASE("reader stage: in a summary-only run its notes give the answer without the evidence text") {
+    // set_text(false), as analysis.cc sets it when no trace is written
+    // (SleepLabel::text): the same names and GIL flags as with texts, and
+    // no sleep's matching frame formatted into evidence.
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    std::map<uint64_t, std::pair<std::string, bool>> answers[2];  // by sample time: (name, gil)
+    uint64_t with_evidence[2] = {0, 0};
+    for (int text = 0; text < 2; ++text) {
+        CAPTURE(text);
+        Session s(path);
+        s.set_threaded(true);
+        ModuleCache modules{ModuleOptions{}};
+        auto names = std::make_shared<GilStackClassifier::NameCache>(s.features().os_release, false);
+        ReaderStacks ahead(modules, names, 0, s.features().os_release, s.swap(), true);
+        ahead.set_always(true);
+        ahead.set_wait(true);
+        ahead.set_text(text == 1);
+        s.set_reader_stage(&ahead);
+        struct Sink : EventSink {
+            std::map<uint64_t, std::pair<std::string, bool>>* answers;
+            uint64_t* with_evidence;
+            void on_sample(const Sample& smp, const EventInfo&) override {
+                const ReaderStacks::Note* n = ReaderStacks::note_of(smp);
+                if (!n) return;
+                (*answers)[smp.time] = {std::string(n->label.name), n->label.gil};
+                *with_evidence += !n->label.evidence().empty();
+            }
+        } sink;
+        sink.answers = &answers[text];
+        sink.with_evidence = &with_evidence[text];
+        s.run(sink);
+        CHECK(ahead.notes_made() > 100);
+    }
+    uint64_t gil = 0;
+    for (const auto& [t, a] : answers[1]) gil += a.second;
+    CHECK(gil > 50);
+    CHECK(answers[0] == answers[1]);
+    CHECK(with_evidence[1] >= gil);  // each GIL wait (and hand-off) names its frame
+    CHECK(with_evidence[0] == 0);
+}

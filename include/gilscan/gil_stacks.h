@@ -217,6 +217,9 @@ public:
     // Jobs go to the workers in batches and labels come back in batches: a
     // thread wake-up per sleep would cost more than unwinding it.
     int64_t submit(std::shared_ptr<const AddressSpace> space, const Sample& s);
+    // Whether the labels' texts are read (SleepLabel::text; default true):
+    // false for a summary-only run, whose labels then carry no evidence text.
+    void set_text(bool on) { text_ = on; }
     std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
     void finish();                       // stops the workers
     StackStats stats() const;
@@ -235,6 +238,7 @@ private:
     std::unique_ptr<Shared> sh_;
     std::vector<std::unique_ptr<Worker>> workers_;
     int64_t next_ticket_ = 0;
+    bool text_ = true;
     size_t max_queued_;
     // The decoding thread's side: jobs not yet handed over, labels taken
     // over, and finished jobs to reuse. Jobs are recycled, never freed by a

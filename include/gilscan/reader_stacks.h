@@ -59,6 +59,9 @@ public:
     // them: every sleep is then the reader's whatever the timing (tests
     // that count them, with set_always). Default: never wait.
     void set_wait(bool on) { gsc_.set_never_wait(!on); }
+    // Whether the labels' texts are read (SleepLabel::text; default true):
+    // false for a summary-only run, whose notes then carry no evidence text.
+    void set_text(bool on) { text_ = on; }
 
     static const Note* note_of(const Sample& s) { return static_cast<const Note*>(s.note); }
     uint64_t notes_made() const { return made_; }
@@ -79,6 +82,7 @@ private:
     bool stop_at_probes_;
     bool probes_seen_ = false;
     bool always_ = false;
+    bool text_ = true;
     uint64_t made_ = 0;
     uint64_t abandoned_ = 0;
 };
