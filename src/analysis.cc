@@ -105,9 +105,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     Timeline timeline(session, trace_sink ? static_cast<SpanSink&>(*trace_sink) : null_sink);
     // Labels made off the timeline carry texts only when the timeline reads
     // them (SleepLabel::text), as its own do.
-    const bool label_texts = trace_sink ? static_cast<SpanSink&>(*trace_sink).wants_spans() : false;
-    if (ahead) ahead->set_text(label_texts);
-    if (parallel) parallel->set_text(label_texts);
+    if (ahead) ahead->set_text(timeline.spans_wanted());
+    if (parallel) parallel->set_text(timeline.spans_wanted());
     auto by_probes = gil_probe_classifier(gil);
     // Called at every switch-out into S or D: nothing here allocates.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";

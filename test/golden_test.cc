@@ -208,10 +208,11 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 const std::string trace = slurp(o.output), summary = summary_json(fsum).dump();
                 REQUIRE(trace.size() > 1000);
                 // A GIL wait found in a stack names its frame in the trace
-                // (on every path: stages, reader notes, workers) ...
+                // (on every path: stages, reader notes, workers), and the
+                // same run without a trace, whose labels skip those texts
+                // (SleepLabel::text; checked per path in gil_stacks_test and
+                // reader_stacks_test), gives the same summary.
                 if (name != "gil_combined") CHECK(trace.find(" (frame ") != std::string::npos);
-                // ... and without a trace the same run makes no such texts
-                // (SleepLabel::text), with the same summary.
                 AnalysisOptions summary_only = o;
                 summary_only.output.clear();
                 summary_only.progress = nullptr;

@@ -134,6 +134,9 @@ public:
     Timeline(const Session& session, SpanSink& sink);
 
     void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
+    // Whether its sink wants spans: what it sets every label's text to
+    // (SleepLabel::text), for labels made elsewhere to follow.
+    bool spans_wanted() const { return spans_wanted_; }
     // For labels the classifier returned as tickets (see SleepLabel::ticket):
     // resolver(ticket, wait) gives the label, or nothing yet when !wait.
     // Spans after an unresolved one wait in order, so the output is the same
