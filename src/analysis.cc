@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "gilscan/debuginfo_cache.h"
@@ -101,8 +102,11 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     if (workers)
         parallel = std::make_unique<ParallelStackClassifier>(opt.jobs - 2, mopt, opt.sleep_stacks,
                                                              session.features().os_release);
-    GilTracker gil(trace_sink);
     Timeline timeline(session, trace_sink ? static_cast<SpanSink&>(*trace_sink) : null_sink);
+    // With workers, spans wait for their labels: the GIL tracker's events wait with them.
+    std::optional<InOrderTraceSink> in_order;
+    if (parallel && trace_sink) in_order.emplace(timeline, *trace_sink);
+    GilTracker gil(in_order ? &*in_order : trace_sink);
     // Labels made off the timeline carry texts only when the timeline reads
     // them (SleepLabel::text), as its own do.
     if (ahead) ahead->set_text(timeline.spans_wanted());

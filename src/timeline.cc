@@ -129,9 +129,21 @@ void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {
     if (pending_.size() > 65536) drain(true);  // bounded memory: wait for the workers
 }
 
+void Timeline::defer(const DeferredEvent& e) {
+    PendingSpan p;
+    p.other = e;
+    pending_.push_back(std::move(p));
+    if (pending_.size() > 65536) drain(true);
+}
+
 void Timeline::drain(bool wait) {
     while (!pending_.empty()) {
         PendingSpan& p = pending_.front();
+        if (p.other.to) {
+            p.other.to->replay(p.other);
+            pending_.pop_front();
+            continue;
+        }
         if (p.ticket >= 0) {
             std::optional<SleepLabel> l = resolver_(p.ticket, wait);
             if (!l) return;

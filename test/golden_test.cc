@@ -178,7 +178,9 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
         return n;
     };
     // gil_combined: uprobes, no stacks (S(GIL) by probes, -j 3 without work for a worker).
-    for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph"}) {
+    // gil_stacks: uprobes and stacks, S(GIL) by stacks: while -j 3's spans
+    // wait for their labels, the GIL tracker's events must wait with them.
+    for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph", "gil_stacks"}) {
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;
             uint64_t ref_sleeps = 0;
@@ -193,6 +195,7 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 o.input = (kData / (name + ".data")).string();
                 o.output = (dir / "t.json").string();
                 o.sleep_stacks = frames;
+                if (name == "gil_stacks") o.gil_evidence = "stacks";
                 o.jobs = jobs;
                 if (jobs > 1) o.reader_thread = true;
                 if (config == 4) o.reader_stacks = true;

@@ -101,6 +101,23 @@ struct Span {
     bool preempted = false;    // runnable because switched out while runnable
 };
 
+// An event of another stage held back behind spans still waiting for their
+// labels (Timeline::defer), replayed through `to` when its turn comes.
+struct DeferredEvent;
+class DeferredSink {
+public:
+    virtual ~DeferredSink() = default;
+    virtual void replay(const DeferredEvent& e) = 0;
+};
+struct DeferredEvent {
+    DeferredSink* to = nullptr;
+    uint8_t kind = 0, what = 0;  // the sink's own codes
+    bool cut = false;
+    int32_t pid = 0, tid = 0, other = 0;
+    uint32_t count = 0;
+    uint64_t start = 0, end = 0;
+};
+
 class SpanSink {
 public:
     virtual ~SpanSink() = default;
@@ -143,6 +160,12 @@ public:
     // as with immediate labels.
     using Resolver = std::function<std::optional<SleepLabel>(int64_t, bool)>;
     void set_resolver(Resolver r) { resolver_ = std::move(r); }
+    // Other stages writing to the same trace (the GIL tracker) must hold
+    // their events back the same way while spans wait, or a -j 3 trace
+    // orders them otherwise than -j 1's: holding() says spans wait, and
+    // defer(e) queues e behind them (InOrderTraceSink, trace_writer.h).
+    bool holding() const { return !pending_.empty(); }
+    void defer(const DeferredEvent& e);
 
     // Inline, and a GIL probe's sample apart (half of a uprobe capture's
     // samples: only their task's sign of life matters here) from the
@@ -254,6 +277,7 @@ private:
         std::string name, state, evidence, stack;  // what the span's views point at (the stack: unless stable)
         int64_t ticket = -1;                       // >= 0: the label is not known yet
         ThreadStats* st = nullptr;
+        DeferredEvent other;                       // other.to set: another stage's event, not a span
     };
     std::deque<PendingSpan> pending_;
     void output(const Span& s, int64_t ticket, ThreadStats* st);

@@ -81,6 +81,32 @@ public:
     virtual void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) = 0;
 };
 
+// The GIL tracker's events in order with the timeline's spans. At -j 3 and
+// up a sleep's span waits for its worker's label, and the spans after it
+// wait with it (Timeline::output); the tracker writes straight to the trace,
+// so its events would come out ahead of spans that -j 1 writes before them.
+// Through this sink they wait behind those spans too.
+//
+//   InOrderTraceSink in_order(timeline, *trace_sink);
+//   GilTracker gil(&in_order);
+class InOrderTraceSink final : public TraceSink, private DeferredSink {
+public:
+    InOrderTraceSink(Timeline& tl, TraceSink& next) : tl_(tl), next_(next) {}
+    // Spans and track names pass straight on (the tracker writes none).
+    void span(const Span& s) override { next_.span(s); }
+    bool wants_spans() const override { return next_.wants_spans(); }
+    void name_thread(int32_t pid, int32_t tid, std::string_view name) override { next_.name_thread(pid, tid, name); }
+    void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
+    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
+    void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) override;
+
+private:
+    enum Kind : uint8_t { kSpan, kHolder, kWaiters };
+    void replay(const DeferredEvent& e) override;
+    Timeline& tl_;
+    TraceSink& next_;
+};
+
 // alignas(128): the formatting thread writes its state for every event; no
 // other object (the relay, a stage's tables) may share its cache lines.
 class alignas(128) TraceWriter final : public TraceSink {
