@@ -63,6 +63,10 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     mopt.symfs = opt.symfs;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
+    // The recording's kernel, for naming kernel frames: its identity from
+    // the header, its maps as the records come.
+    const RecordedKernel kernel = recorded_kernel(session.features());
+    maps.set_kernel_log(kernel.maps);
     // -j 3 and up with --sleep-stacks: sleep stacks unwound and symbolized
     // on jobs - 2 workers while this thread decodes (the reader being the
     // second thread). Only for --sleep-stacks: classifying a sleep alone
@@ -82,13 +86,13 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // symbolizer: see NameCache::pending).
     std::shared_ptr<GilStackClassifier::NameCache> names;
     if (reader_stacks)
-        names = std::make_shared<GilStackClassifier::NameCache>(session.features().os_release, opt.sleep_stacks > 0);
+        names = std::make_shared<GilStackClassifier::NameCache>(kernel, opt.sleep_stacks > 0);
     // (With workers this one is unused, and reads no kernel symbols.)
-    GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, session.features().os_release,
+    GilStackClassifier stacks(&maps, modules, workers ? 0 : opt.sleep_stacks, kernel,
                               names, !one_thread);
     std::unique_ptr<ReaderStacks> ahead;
     if (reader_stacks) {
-        ahead = std::make_unique<ReaderStacks>(modules, names, opt.sleep_stacks, session.features().os_release,
+        ahead = std::make_unique<ReaderStacks>(modules, names, opt.sleep_stacks, kernel,
                                                session.swap(), opt.gil_evidence == "auto");
         if (opt.reader_stacks) {
             ahead->set_always(*opt.reader_stacks);
@@ -101,7 +105,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     std::unique_ptr<ParallelStackClassifier> parallel;
     if (workers)
         parallel = std::make_unique<ParallelStackClassifier>(opt.jobs - 2, mopt, opt.sleep_stacks,
-                                                             session.features().os_release);
+                                                             kernel);
     Timeline timeline(session, trace_sink ? static_cast<SpanSink&>(*trace_sink) : null_sink);
     // With workers, spans wait for their labels: the GIL tracker's events wait with them.
     std::optional<InOrderTraceSink> in_order;

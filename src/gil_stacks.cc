@@ -16,7 +16,6 @@
 
 #include <fcntl.h>
 #include <pthread.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "gilscan/byte_buffer.h"
@@ -49,91 +48,30 @@ void frame_evidence(std::string& out, std::string_view function, uint64_t offset
     out += ')';
 }
 
-KernelSymbols::KernelSymbols(const std::string& recorded_release) {
-    struct utsname u {};
-    if (recorded_release.empty() || ::uname(&u) != 0 || recorded_release != u.release) return;
-    // About 120k lines, 5 MB: read in large blocks and indexed in place (the
-    // text is the name arena). A string per symbol and a sort by name made
-    // this take 100+ ms; the kernel's own formatting takes about 30.
-    int fd = ::open("/proc/kallsyms", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    text_.reserve(8u << 20);
-    for (;;) {
-        const size_t have = text_.size();
-        text_.resize(have + (256u << 10));
-        ssize_t n = ::read(fd, text_.data() + have, 256u << 10);
-        text_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-    }
-    ::close(fd);
-    syms_.reserve(text_.size() / 40);
-    const char* base = text_.data();
-    const char* p = base;
-    const char* end = p + text_.size();
-    while (p < end) {
-        const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
-        if (!eol) eol = end;
-        // "ffffffff81000000 T _stext" (optionally "\t[module]")
-        const char* sp = static_cast<const char*>(std::memchr(p, ' ', static_cast<size_t>(eol - p)));
-        if (sp && eol - sp > 3) {
-            const char type = sp[1];
-            uint64_t addr = 0;
-            for (const char* h = p; h < sp; ++h) {
-                const char c = *h;
-                addr = addr << 4 | static_cast<uint64_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
-            }
-            // addr 0: kptr_restrict hides them
-            if (addr != 0 && (type == 't' || type == 'T' || type == 'w' || type == 'W')) {
-                const char* name = sp + 3;
-                const char* name_end = static_cast<const char*>(std::memchr(name, '\t', static_cast<size_t>(eol - name)));
-                if (!name_end) name_end = eol;
-                syms_.push_back({addr, static_cast<uint32_t>(name - base), static_cast<uint32_t>(name_end - name)});
-            }
-        }
-        p = eol + 1;
-    }
-    // The kernel's own symbols come in address order, modules' after them.
-    auto by_addr = [](const Sym& a, const Sym& b) { return a.addr < b.addr; };
-    if (!std::is_sorted(syms_.begin(), syms_.end(), by_addr)) std::stable_sort(syms_.begin(), syms_.end(), by_addr);
-}
-
-std::string KernelSymbols::name(uint64_t addr) const {
-    char buf[64];
-    // The last symbol at or below addr; of several at that address, the
-    // greatest name (an order that does not depend on how they are listed).
-    auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
-    if (it == syms_.begin()) {
-        std::snprintf(buf, sizeof buf, "0x%llx ([kernel])", static_cast<unsigned long long>(addr));
-        return buf;
-    }
-    --it;
-    const std::string_view text = text_;
-    std::string_view best = text.substr(it->name, it->len);
-    for (auto e = it; e != syms_.begin() && std::prev(e)->addr == it->addr;) {
-        --e;
-        best = std::max(best, text.substr(e->name, e->len));
-    }
-    std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->addr));
-    return std::string(best) + buf;
-}
-
-GilStackClassifier::NameCache::NameCache(const std::string& kernel_release, bool kernel_names, bool background) {
+GilStackClassifier::NameCache::NameCache(const RecordedKernel& rec, bool kernel_names, bool background)
+    : kernel_maps(rec.maps) {
     if (!kernel_names) return;
-    ksyms = std::async(background ? std::launch::async : std::launch::deferred, [kernel_release] {
-                return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(kernel_release));
+    ksyms = std::async(background ? std::launch::async : std::launch::deferred, [rec] {
+                return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(rec));
             }).share();
 }
 
+const KernelLayout& GilStackClassifier::NameCache::kernel_layout() {
+    std::call_once(layout_once, [this] {
+        if (kernel_maps) layout = kernel_maps->layout();
+    });
+    return layout;
+}
+
 GilStackClassifier::GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames,
-                                       std::string kernel_release, std::shared_ptr<NameCache> names,
+                                       const RecordedKernel& kernel, std::shared_ptr<NameCache> names,
                                        bool background)
     : maps_(maps),
       modules_(modules),
       unwinder_(modules),
       stack_frames_(stack_frames),
       shared_names_(names != nullptr),
-      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel_release, stack_frames > 0, background)),
+      names_(names ? std::move(names) : std::make_shared<NameCache>(kernel, stack_frames > 0, background)),
       ksyms_(names_->ksyms) {}
 
 void GilStackClassifier::limit_stack_texts(size_t bytes) { texts_.set_max_bytes(bytes); }
@@ -159,7 +97,7 @@ const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
     }
     // Waits for the background read of /proc/kallsyms the first time (on this
     // classifier's own copy of the future, outside the lock).
-    static const KernelSymbols kNone("");  // a cache made without kernel names: addresses only
+    static const KernelSymbols kNone(RecordedKernel{});  // a cache made without kernel names: addresses only
     if (!shared_names_) {  // a cache of its own is this thread's alone: no lock
         auto it = names_->kernel.find(ip);
         if (it != names_->kernel.end()) return it->second;
@@ -168,7 +106,7 @@ const std::string& GilStackClassifier::kernel_frame_json(uint64_t ip) {
     std::unique_lock<std::mutex> l(names_->mu, std::defer_lock);
     if (shared_names_) l.lock();
     auto sh = names_->kernel.find(ip);
-    if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip)})).first;
+    if (sh == names_->kernel.end()) sh = names_->kernel.emplace(ip, names_json({ksyms.name(ip, names_->kernel_layout())})).first;
     if (!shared_names_) return sh->second;
     std::string j = sh->second;
     l.unlock();
@@ -444,16 +382,16 @@ struct ParallelStackClassifier::Shared {
 };
 
 ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
-                                                 std::string kernel_release, size_t max_queued_batches)
+                                                 const RecordedKernel& kernel, size_t max_queued_batches)
     : modules_(std::make_unique<ModuleCache>(mopt)), sh_(std::make_unique<Shared>()), max_queued_(max_queued_batches) {
-    auto names = std::make_shared<GilStackClassifier::NameCache>(kernel_release, stack_frames > 0);
+    auto names = std::make_shared<GilStackClassifier::NameCache>(kernel, stack_frames > 0);
     if (stack_frames) names->symbolizer = std::make_unique<DwarfUnwinder>(*modules_);
     for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
         auto w = std::make_unique<Worker>();
-        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
+        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel, names);
         workers_.push_back(std::move(w));
     }
-    here_ = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel_release, names);
+    here_ = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel, names);
     // The kept stack texts of all the classifiers together stay within
     // what two classifiers keep at -j 2 (with -j 64 a bound per
     // classifier would be a gigabyte).

@@ -1,5 +1,7 @@
 #include "gilscan/process_maps.h"
 
+#include "gilscan/kernel_symbols.h"
+
 namespace gilscan {
 
 const Mapping* AddressSpace::find(uint64_t addr) const {
@@ -33,7 +35,10 @@ const AddressSpace* ProcessMaps::space(int32_t pid) const {
 }
 
 void ProcessMaps::on_mmap(const MmapEvent& e) {
-    if (e.pid <= 0 || e.len == 0) return;  // pid -1: the kernel's own maps
+    if (e.pid <= 0 || e.len == 0) {  // pid -1: the kernel's own maps
+        if (kernel_log_) kernel_log_->add(e);
+        return;
+    }
     auto it = spaces_.find(e.pid);
     AddressSpace& as = it == spaces_.end() ? fresh(e.pid) : writable(it->second);
     Mapping m;

@@ -5,10 +5,11 @@
 namespace gilscan {
 
 ReaderStacks::ReaderStacks(ModuleCache& modules, std::shared_ptr<GilStackClassifier::NameCache> names,
-                           unsigned stack_frames, const std::string& kernel_release, bool swap, bool stop_at_probes)
-    : gsc_(nullptr, modules, stack_frames, kernel_release, std::move(names)),
+                           unsigned stack_frames, const RecordedKernel& kernel, bool swap, bool stop_at_probes)
+    : gsc_(nullptr, modules, stack_frames, kernel, std::move(names)),
       swap_(swap),
       stop_at_probes_(stop_at_probes) {
+    maps_.set_kernel_log(kernel.maps);  // the same maps as the stages' ProcessMaps logs: no change
     gsc_.set_never_wait(true);  // a sleep whose label would wait for the stages is theirs: the reader reads on
 }
 

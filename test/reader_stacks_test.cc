@@ -190,3 +190,37 @@ TEST_CASE("reader stage: in a summary-only run its notes give the answer without
     CHECK(with_evidence[1] >= gil);  // each GIL wait (and hand-off) names its frame
     CHECK(with_evidence[0] == 0);
 }
+
+TEST_CASE("reader stage: its kernel frames are named at this boot's addresses from the maps it read itself") {
+    // The reader runs ahead of the stages, so the recorded kernel maps it
+    // names by must be the ones its own ProcessMaps logged (here nothing
+    // else reads the records). Its stand-in kallsyms has the image 0x19000000
+    // higher than stacks_py311.data recorded it.
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
+    Session s(path);
+    s.set_threaded(true);
+    ModuleCache modules{ModuleOptions{}};
+    const RecordedKernel rec = recorded_kernel(s.features());
+    auto names = std::make_shared<GilStackClassifier::NameCache>(rec, false);
+    std::promise<std::shared_ptr<const KernelSymbols>> ks;
+    ks.set_value(std::make_shared<KernelSymbols>("ffffffff9a000000 T _text\nffffffff9a000000 T image_start\n", ""));
+    names->ksyms = ks.get_future().share();
+    ReaderStacks ahead(modules, names, 64, rec, s.swap(), true);
+    ahead.set_always(true);
+    ahead.set_wait(true);
+    s.set_reader_stage(&ahead);
+    struct Sink : EventSink {
+        uint64_t stacks = 0, moved = 0;
+        void on_sample(const Sample& smp, const EventInfo&) override {
+            const ReaderStacks::Note* n = ReaderStacks::note_of(smp);
+            if (!n || n->label.stack().empty()) return;
+            ++stacks;
+            moved += n->label.stack().find("image_start+0x") != std::string::npos &&
+                     n->label.stack().find("0xffffffff8") == std::string::npos;
+        }
+    } sink;
+    s.run(sink);
+    CHECK(sink.stacks > 100);
+    CHECK(sink.moved == sink.stacks);
+    CHECK(rec.maps->layout().reloc_addr == 0xffffffff81000000);
+}

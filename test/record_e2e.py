@@ -65,6 +65,28 @@ with tempfile.TemporaryDirectory() as tmp:
                         "-m", "timeit", "-n", "20", "sum(range(10000))"], capture_output=True, text=True)
     check(r.returncode == 0 and "GIL load of process" in r.stdout, f"record -- python3 -m module ({r.stderr[-300:]})")
     check("GIL(ms)" in r.stdout and "no-GIL%" in r.stdout, "table with per4m's columns and absolute figures")
+
+    # Sleep stacks' kernel frames, named when the recording's kernel (its
+    # build-id, as perf recorded it) is this machine's: named alike at every -j.
+    r = subprocess.run([GILSCAN, "record", "-q", "--stacks", "--no-analyse", "-o", data, "--",
+                        "/root/.pyenv/versions/3.11.7/bin/python3", WORKLOAD, "0.1"], capture_output=True, text=True)
+    check(r.returncode == 0, f"record --stacks ({r.stderr[-300:]})")
+    kernel_traces = []
+    for j in (1, 2, 3):
+        kt = os.path.join(tmp, f"k{j}.json")
+        r = subprocess.run([GILSCAN, data, "-q", "-j", str(j), "--sleep-stacks", "16", "--gil-evidence", "stacks",
+                            "-o", kt],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"-j {j} --sleep-stacks ({r.stderr[-300:]})")
+        kernel_traces.append(open(kt, "rb").read() if r.returncode == 0 else b"")
+    check(kernel_traces[0] == kernel_traces[1] == kernel_traces[2], "-j 1, 2 and 3 write the same trace")
+    stacks = [e["args"]["stack"] for e in json.loads(kernel_traces[0] or b'{"traceEvents":[]}')["traceEvents"]
+              if "stack" in e.get("args", {})]
+    kernel = [f for st in stacks for f in st if f.endswith("([kernel])")]
+    named = [f for f in kernel if not f.startswith("0x")]
+    check(len(stacks) > 20 and len(kernel) > 2 * len(stacks), f"sleep stacks with kernel frames ({len(stacks)}, {len(kernel)})")
+    check(len(named) == len(kernel) and any(f.startswith("schedule+0x") for f in named),
+          f"every kernel frame named on this boot ({len(named)} of {len(kernel)}: {kernel[:3]})")
     # Not root: one sentence with the fix (setpriv drops to nobody)
     if subprocess.run(["which", "setpriv"], capture_output=True).returncode == 0:
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]

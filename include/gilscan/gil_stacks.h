@@ -27,6 +27,7 @@
 #include <vector>
 #include <unordered_map>
 
+#include "gilscan/kernel_symbols.h"
 #include "gilscan/modules.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/stack_texts.h"
@@ -74,23 +75,6 @@ struct StackStats {
     }
 };
 
-// Kernel symbols from this machine's /proc/kallsyms, used for the kernel
-// part of a sleep's stack only when the recording's kernel release is this
-// machine's (otherwise addresses are printed).
-class KernelSymbols {
-public:
-    explicit KernelSymbols(const std::string& recorded_release);
-    std::string name(uint64_t addr) const;
-
-private:
-    struct Sym {
-        uint64_t addr;
-        uint32_t name, len;  // in text_
-    };
-    std::vector<Sym> syms_;
-    std::string text_;  // /proc/kallsyms as read
-};
-
 // A decided sleep's evidence, "take_gil+0xbe in /path/libpython3.11.so (frame 2)",
 // written over `out` (its capacity kept: a label is rewritten at every
 // sleep without allocating). snprintf's format parsing cost 8% of a DWARF
@@ -114,12 +98,20 @@ public:
     // made (that read costs tens of milliseconds of kernel time).
     struct NameCache {
         // background = false: read on first use, on the thread that needs it (-j 1).
-        NameCache(const std::string& kernel_release, bool kernel_names, bool background = true);
+        // The recording's kernel: whether this machine's symbols are its,
+        // and (rec.maps, filled as the records are read) where it was laid out.
+        NameCache(const RecordedKernel& rec, bool kernel_names, bool background = true);
         std::mutex mu;  // the maps and the symbolizer
         // layout -> pc -> the frame's names as JSON strings ("a","b"), escaped once
         std::unordered_map<uint64_t, std::unordered_map<uint64_t, std::string>> names;
         std::unordered_map<uint64_t, std::string> kernel;  // kernel address -> its name as a JSON string
         std::shared_future<std::shared_ptr<const KernelSymbols>> ksyms;
+        std::shared_ptr<KernelMapsLog> kernel_maps;
+        // The recorded kernel maps, taken from kernel_maps at the first
+        // kernel frame named: perf writes them before any sample.
+        const KernelLayout& kernel_layout();
+        std::once_flag layout_once;
+        KernelLayout layout;
         // nullptr: each classifier names frames through its own Dwfl (-j 1,
         // and -j 2's two threads: see `pending`).
         std::unique_ptr<DwarfUnwinder> symbolizer;
@@ -137,7 +129,7 @@ public:
     // `names`: a cache shared with other classifiers (default: its own).
     // `background`: for a cache of its own, whether /proc/kallsyms is read on a thread of its own.
     GilStackClassifier(const ProcessMaps* maps, ModuleCache& modules, unsigned stack_frames = 0,
-                       std::string kernel_release = "", std::shared_ptr<NameCache> names = nullptr,
+                       const RecordedKernel& kernel = {}, std::shared_ptr<NameCache> names = nullptr,
                        bool background = true);
 
     // A SleepClassifier: sleeps ("S") only, in the sample's process.
@@ -210,7 +202,7 @@ public:
     // decoding thread unwinds the next batch itself instead of queueing (and
     // copying) ever more stacks. 0: every batch on the decoding thread (tests).
     static constexpr size_t kMaxQueuedBatches = 8;
-    ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, std::string kernel_release,
+    ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames, const RecordedKernel& kernel,
                             size_t max_queued_batches = kMaxQueuedBatches);
     ~ParallelStackClassifier();
 

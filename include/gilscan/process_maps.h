@@ -21,6 +21,8 @@
 
 namespace gilscan {
 
+class KernelMapsLog;
+
 struct Mapping {
     uint64_t start = 0, end = 0, pgoff = 0;
     std::string path;
@@ -55,12 +57,16 @@ public:
     // it (copy-on-write: later mappings go to a new copy). For worker threads.
     std::shared_ptr<const AddressSpace> snapshot(int32_t pid) const;
     size_t spaces() const { return spaces_.size(); }
+    // The kernel's own maps (pid -1) are no process's: they go to this log
+    // (kernel_symbols.h), for naming kernel frames on another boot.
+    void set_kernel_log(std::shared_ptr<KernelMapsLog> log) { kernel_log_ = std::move(log); }
 
 private:
     AddressSpace& fresh(int32_t pid);
     AddressSpace& writable(std::shared_ptr<AddressSpace>& sp);
     std::unordered_map<int32_t, std::shared_ptr<AddressSpace>> spaces_;
     uint64_t next_id_ = 1;
+    std::shared_ptr<KernelMapsLog> kernel_log_;
 };
 
 }  // namespace gilscan

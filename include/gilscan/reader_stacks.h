@@ -48,7 +48,7 @@ public:
     // stages then ignore stacks, so from the first probe sample on nothing
     // more is unwound here.
     ReaderStacks(ModuleCache& modules, std::shared_ptr<GilStackClassifier::NameCache> names, unsigned stack_frames,
-                 const std::string& kernel_release, bool swap, bool stop_at_probes);
+                 const RecordedKernel& kernel, bool swap, bool stop_at_probes);
 
     const void* on_record(const RawRecord& r, const EventInfo& ev, bool spare) override;
     void release(const void* note) override;

@@ -1,0 +1,117 @@
+// Stage helper (unwinding and symbols): names for the kernel frames of a
+// sleep's stack, from this machine's /proc/kallsyms, only when the recording
+// was made on this kernel, and moved from the recording's addresses to this
+// boot's.
+//
+//   RecordedKernel rec = recorded_kernel(session.features());  // release, build-id
+//   maps.set_kernel_log(rec.maps);        // ProcessMaps keeps the pid -1 MMAPs there
+//   KernelSymbols ks(rec);                // reads /proc/kallsyms if it is this kernel
+//   ... session.run(...) ...
+//   std::string n = ks.name(ip, rec.maps->layout());  // "__schedule+0x2f3 ([kernel])"
+//
+// Why both checks: two machines (or two builds) can report the same release
+// with different symbols, so the kernel's build-id (HEADER_BUILD_ID's
+// "[kernel.kallsyms]" entry against /sys/kernel/notes) decides when the
+// recording has one; and the same kernel lays itself out anew at every boot
+// (KASLR), and loads its modules wherever there is room, so an archived
+// recording's addresses are not this boot's. perf writes, before any sample,
+// a pid -1 MMAP "[kernel.kallsyms]_text" whose pgoff is the address _text had
+// then (the reference relocation symbol, tools/perf/util/synthetic-events.c)
+// and one per module at its base: the differences to this boot's _text and
+// /proc/modules bases move each address, as perf's own report does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gilscan/features.h"
+#include "gilscan/kernel_records.h"
+
+namespace gilscan {
+
+// The recording's kernel maps (pid -1 MMAP records).
+struct KernelLayout {
+    std::string reloc_symbol;  // "_text" of "[kernel.kallsyms]_text" (older perf: "_stext")
+    uint64_t reloc_addr = 0;   // its address in the recording (the map's pgoff)
+    uint64_t text_start = 0, text_end = 0;  // the kernel image's map; end 0: none recorded
+    struct Module {
+        std::string name;  // as /proc/modules names it: "nf_tables" for .../nf-tables.ko.xz or "[nf_tables]"
+        uint64_t start = 0, end = 0;
+    };
+    std::vector<Module> modules;  // by start
+    bool recorded() const { return text_end != 0; }
+};
+
+// Filled by the decoding threads' ProcessMaps (two at -j 2: the same records
+// with the same values, so adding twice changes nothing) and read when the
+// first kernel frame is named, after the synthesized maps at the recording's
+// start.
+class KernelMapsLog {
+public:
+    void add(const MmapEvent& e);
+    KernelLayout layout() const;
+
+private:
+    mutable std::mutex mu_;
+    KernelLayout layout_;
+};
+
+// The module name of a kernel map's file name ("" when it is not a module).
+std::string kernel_module_name(std::string_view filename);
+
+struct RecordedKernel {
+    RecordedKernel() = default;
+    // Known by its release only (tests; recordings without build-ids).
+    RecordedKernel(std::string release_) : release(std::move(release_)) {}  // NOLINT: implicit on purpose
+    RecordedKernel(const char* release_) : release(release_) {}             // NOLINT
+    std::string release;
+    std::string build_id;  // hex; "" when the recording has none for the kernel
+    std::shared_ptr<KernelMapsLog> maps = std::make_shared<KernelMapsLog>();
+};
+RecordedKernel recorded_kernel(const Features& f);
+
+// This machine's kernel build-id (the GNU build-id note of /sys/kernel/notes),
+// hex; "" when unreadable.
+std::string running_kernel_build_id();
+// The build-id note in an ELF notes blob (the format of /sys/kernel/notes).
+std::string build_id_of_notes(std::string_view notes);
+
+class KernelSymbols {
+public:
+    // This machine's /proc/kallsyms and /proc/modules, read only when the
+    // recording's kernel is this one: the same build-id when the recording
+    // has the kernel's, else the same release. Otherwise empty (addresses).
+    explicit KernelSymbols(const RecordedKernel& rec);
+    // From their texts as read (tests).
+    KernelSymbols(std::string kallsyms, std::string_view proc_modules);
+
+    // A recorded kernel address's name, "schedule+0x2a ([kernel])", or
+    // "0xffffffffc0a01234 ([kernel])" / "... ([nf_tables])" when it cannot be
+    // named on this boot. Addresses in the image's map move by the
+    // difference of the reference symbol; in a module's, by the difference
+    // of the module's base; others (BPF, no maps recorded) are named as
+    // they are only when the image did not move.
+    std::string name(uint64_t addr, const KernelLayout& recorded) const;
+    // An address of this boot's kernel.
+    std::string name(uint64_t addr) const;
+
+private:
+    void parse_kallsyms();
+    void parse_modules(std::string_view text);
+    std::string name_here(uint64_t addr) const;
+    std::string unnamed(uint64_t addr, std::string_view where) const;
+    struct Sym {
+        uint64_t addr;
+        uint32_t name, len;  // in text_
+    };
+    std::vector<Sym> syms_;
+    std::string text_;  // /proc/kallsyms as read
+    std::vector<std::pair<std::string, uint64_t>> module_bases_;  // /proc/modules, by name
+    uint64_t text_addr_ = 0, stext_addr_ = 0;  // this boot's _text and _stext (0: not listed)
+};
+
+}  // namespace gilscan

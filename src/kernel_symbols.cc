@@ -1,0 +1,257 @@
+#include "gilscan/kernel_symbols.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "gilscan/cursor.h"
+
+namespace gilscan {
+
+namespace {
+
+// A /proc or /sys file read whole (their sizes read as 0 or 4096: read until EOF).
+std::string read_proc(const char* path, size_t block, size_t expect) {
+    std::string text;
+    text.reserve(expect);
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return text;
+    for (;;) {
+        const size_t have = text.size();
+        text.resize(have + block);
+        ssize_t n = ::read(fd, text.data() + have, block);
+        text.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+    }
+    ::close(fd);
+    return text;
+}
+
+uint64_t parse_hex(std::string_view s) {
+    if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
+    uint64_t v = 0;
+    for (char c : s) {
+        const int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | static_cast<uint64_t>(d);
+    }
+    return v;
+}
+
+}  // namespace
+
+std::string kernel_module_name(std::string_view f) {
+    // "[nf_tables]" (perf without the module's path), or the path of its
+    // file, "/lib/modules/6.1.0-13-amd64/kernel/net/netfilter/nf_tables.ko"
+    // (also .ko.xz, .ko.zst, .ko.gz). The kernel names modules with '_'
+    // where file names may have '-'.
+    std::string_view base = f.substr(f.rfind('/') == std::string_view::npos ? 0 : f.rfind('/') + 1);
+    std::string name;
+    if (base.size() > 2 && base.front() == '[' && base.back() == ']') {
+        name = base.substr(1, base.size() - 2);
+        if (name.rfind("kernel.kallsyms", 0) == 0 || name.rfind("guest.kernel", 0) == 0 || name == "vdso" ||
+            name == "vsyscall")
+            return "";
+    } else {
+        const size_t ko = base.find(".ko");
+        if (ko == std::string_view::npos || ko == 0 ||
+            (ko + 3 != base.size() && base[ko + 3] != '.'))  // "x.ko" or "x.ko.xz", not "x.kobj"
+            return "";
+        name = base.substr(0, ko);
+    }
+    std::replace(name.begin(), name.end(), '-', '_');
+    return name;
+}
+
+void KernelMapsLog::add(const MmapEvent& e) {
+    if (e.pid != -1 || e.len == 0) return;  // -1: the host kernel's maps (0 would be a guest's)
+    std::lock_guard<std::mutex> l(mu_);
+    constexpr std::string_view kImage = "[kernel.kallsyms]";
+    if (e.filename.substr(0, kImage.size()) == kImage) {
+        if (layout_.recorded()) return;  // the first: x86's extra maps for PTI trampolines come later
+        layout_.reloc_symbol = std::string(e.filename.substr(kImage.size()));
+        layout_.reloc_addr = e.pgoff;
+        layout_.text_start = e.start;
+        layout_.text_end = e.start + e.len;
+        return;
+    }
+    std::string name = kernel_module_name(e.filename);
+    if (name.empty()) return;
+    auto& mods = layout_.modules;
+    auto at = std::lower_bound(mods.begin(), mods.end(), e.start,
+                               [](const KernelLayout::Module& m, uint64_t s) { return m.start < s; });
+    if (at != mods.end() && at->start == e.start) return;  // the same map from the other decoding thread
+    mods.insert(at, KernelLayout::Module{std::move(name), e.start, e.start + e.len});
+}
+
+KernelLayout KernelMapsLog::layout() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return layout_;
+}
+
+RecordedKernel recorded_kernel(const Features& f) {
+    RecordedKernel rec(f.os_release);
+    for (const auto& b : f.build_ids)
+        if (b.filename == "[kernel.kallsyms]" && b.pid == -1) rec.build_id = to_hex(b.build_id);
+    return rec;
+}
+
+std::string build_id_of_notes(std::string_view notes) {
+    // Elf_Nhdr records: namesz, descsz, type (host order), then the name
+    // and the descriptor, each padded to 4 bytes.
+    constexpr uint32_t NT_GNU_BUILD_ID = 3;
+    size_t at = 0;
+    while (notes.size() - at >= 12) {
+        uint32_t namesz, descsz, type;
+        std::memcpy(&namesz, notes.data() + at, 4);
+        std::memcpy(&descsz, notes.data() + at + 4, 4);
+        std::memcpy(&type, notes.data() + at + 8, 4);
+        at += 12;
+        const size_t name_pad = (static_cast<size_t>(namesz) + 3) & ~size_t{3};
+        const size_t desc_pad = (static_cast<size_t>(descsz) + 3) & ~size_t{3};
+        if (name_pad > notes.size() - at || desc_pad > notes.size() - at - name_pad) break;
+        const std::string_view name = notes.substr(at, namesz);
+        if (type == NT_GNU_BUILD_ID && name == std::string_view("GNU\0", 4) && descsz > 0)
+            return to_hex(Bytes(reinterpret_cast<const uint8_t*>(notes.data() + at + name_pad), descsz));
+        at += name_pad + desc_pad;
+    }
+    return "";
+}
+
+std::string running_kernel_build_id() { return build_id_of_notes(read_proc("/sys/kernel/notes", 4096, 4096)); }
+
+KernelSymbols::KernelSymbols(const RecordedKernel& rec) {
+    if (!rec.build_id.empty()) {
+        // A build-id says more than a release: two builds can share one.
+        if (rec.build_id != running_kernel_build_id()) return;
+    } else {
+        struct utsname u {};
+        if (rec.release.empty() || ::uname(&u) != 0 || rec.release != u.release) return;
+    }
+    // About 120k lines, 5 MB: read in large blocks and indexed in place (the
+    // text is the name arena). A string per symbol and a sort by name made
+    // this take 100+ ms; the kernel's own formatting takes about 30.
+    text_ = read_proc("/proc/kallsyms", 256u << 10, 8u << 20);
+    parse_kallsyms();
+    parse_modules(read_proc("/proc/modules", 64u << 10, 64u << 10));
+}
+
+KernelSymbols::KernelSymbols(std::string kallsyms, std::string_view proc_modules) : text_(std::move(kallsyms)) {
+    parse_kallsyms();
+    parse_modules(proc_modules);
+}
+
+void KernelSymbols::parse_kallsyms() {
+    syms_.reserve(text_.size() / 40);
+    const char* base = text_.data();
+    const char* p = base;
+    const char* end = p + text_.size();
+    while (p < end) {
+        const char* eol = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+        if (!eol) eol = end;
+        // "ffffffff81000000 T _stext" (optionally "\t[module]")
+        const char* sp = static_cast<const char*>(std::memchr(p, ' ', static_cast<size_t>(eol - p)));
+        if (sp && eol - sp > 3) {
+            const char type = sp[1];
+            uint64_t addr = 0;
+            for (const char* h = p; h < sp; ++h) {
+                const char c = *h;
+                addr = addr << 4 | static_cast<uint64_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+            }
+            // addr 0: kptr_restrict hides them
+            if (addr != 0 && (type == 't' || type == 'T' || type == 'w' || type == 'W')) {
+                const char* name = sp + 3;
+                const char* name_end = static_cast<const char*>(std::memchr(name, '\t', static_cast<size_t>(eol - name)));
+                if (!name_end) name_end = eol;
+                syms_.push_back({addr, static_cast<uint32_t>(name - base), static_cast<uint32_t>(name_end - name)});
+                const std::string_view n(name, static_cast<size_t>(name_end - name));
+                if (n == "_text" && !text_addr_) text_addr_ = addr;
+                if (n == "_stext" && !stext_addr_) stext_addr_ = addr;
+            }
+        }
+        p = eol + 1;
+    }
+    // The kernel's own symbols come in address order, modules' after them.
+    auto by_addr = [](const Sym& a, const Sym& b) { return a.addr < b.addr; };
+    if (!std::is_sorted(syms_.begin(), syms_.end(), by_addr)) std::stable_sort(syms_.begin(), syms_.end(), by_addr);
+}
+
+void KernelSymbols::parse_modules(std::string_view text) {
+    // "nf_tables 352256 583 nft_chain_nat, Live 0xffffffffc0a5b000" (the
+    // address 0 when kptr_restrict hides it, and then unusable).
+    for (size_t pos = 0; pos < text.size();) {
+        size_t eol = text.find('\n', pos);
+        if (eol == std::string_view::npos) eol = text.size();
+        const std::string_view line = text.substr(pos, eol - pos);
+        pos = eol + 1;
+        const size_t sp = line.find(' ');
+        const size_t addr_at = line.rfind(" 0x");
+        if (sp == std::string_view::npos || addr_at == std::string_view::npos) continue;
+        std::string_view addr = line.substr(addr_at + 1);
+        addr = addr.substr(0, addr.find(' '));
+        if (const uint64_t a = parse_hex(addr)) module_bases_.emplace_back(std::string(line.substr(0, sp)), a);
+    }
+    std::sort(module_bases_.begin(), module_bases_.end());
+}
+
+std::string KernelSymbols::unnamed(uint64_t addr, std::string_view where) const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%llx (", static_cast<unsigned long long>(addr));
+    return buf + std::string(where) + ")";
+}
+
+std::string KernelSymbols::name(uint64_t addr) const { return name_here(addr); }
+
+std::string KernelSymbols::name_here(uint64_t addr) const {
+    char buf[64];
+    // The last symbol at or below addr; of several at that address, the
+    // greatest name (an order that does not depend on how they are listed).
+    auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
+    if (it == syms_.begin()) return unnamed(addr, "[kernel]");
+    --it;
+    const std::string_view text = text_;
+    std::string_view best = text.substr(it->name, it->len);
+    for (auto e = it; e != syms_.begin() && std::prev(e)->addr == it->addr;) {
+        --e;
+        best = std::max(best, text.substr(e->name, e->len));
+    }
+    std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->addr));
+    return std::string(best) + buf;
+}
+
+std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
+    if (syms_.empty()) return name_here(addr);  // not this kernel: the address alone
+    if (!rec.recorded()) return name_here(addr);  // nothing to move by (perf does the same)
+    // The image's own shift: where the reference symbol is on this boot
+    // (perf's are _text, or _stext before it).
+    auto here_of = [&](std::string_view sym) -> uint64_t {
+        return sym == "_text" ? text_addr_ : sym == "_stext" ? stext_addr_ : 0;
+    };
+    if (addr >= rec.text_start && addr < rec.text_end) {
+        const uint64_t here = rec.reloc_symbol.empty() ? 0 : here_of(rec.reloc_symbol);
+        if (!here) return unnamed(addr, "[kernel]");
+        return name_here(addr - rec.reloc_addr + here);
+    }
+    auto m = std::upper_bound(rec.modules.begin(), rec.modules.end(), addr,
+                              [](uint64_t a, const KernelLayout::Module& x) { return a < x.start; });
+    if (m != rec.modules.begin() && addr < std::prev(m)->end) {
+        const KernelLayout::Module& mod = *std::prev(m);
+        auto b = std::lower_bound(module_bases_.begin(), module_bases_.end(), mod.name,
+                                  [](const std::pair<std::string, uint64_t>& x, const std::string& n) { return x.first < n; });
+        if (b == module_bases_.end() || b->first != mod.name) return unnamed(addr, "[" + mod.name + "]");
+        return name_here(addr - mod.start + b->second);
+    }
+    // Outside every recorded map (BPF programs, a module loaded during the
+    // recording): as it is, if the image did not move.
+    const uint64_t here = rec.reloc_symbol.empty() ? 0 : here_of(rec.reloc_symbol);
+    if (here && here == rec.reloc_addr) return name_here(addr);
+    return unnamed(addr, "[kernel]");
+}
+
+}  // namespace gilscan
