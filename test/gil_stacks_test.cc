@@ -146,13 +146,8 @@ TEST_CASE_FIXTURE(Py311Sleeps, "sleep stacks read the same while /proc/kallsyms 
         }
         later.set_value(std::make_shared<KernelSymbols>(release));
     });
-    Collect sink;
-    Timeline tl(s, sink);
     uint64_t sleeps = 0, same = 0, stacks = 0, with_kernel = 0;
-    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
-        SleepLabel other;
-        ready.classify(smp, ev, ps, label);
-        held.classify(smp, ev, ps, other);
+    classify_side_by_side(s, maps, ready, held, [&](const PrevState& ps, const SleepLabel& label, const SleepLabel& other) {
         if (ps.cls != StateClass::Sleeping) return;
         ++sleeps;
         same += label.name == other.name && label.evidence() == other.evidence() && label.stack() == other.stack();
@@ -160,8 +155,6 @@ TEST_CASE_FIXTURE(Py311Sleeps, "sleep stacks read the same while /proc/kallsyms 
         ++stacks;
         with_kernel += label.stack().rfind("[\"", 0) == 0 && label.stack().find("([kernel])") != std::string::npos;
     });
-    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
-    s.run(stages);
     reader.join();
     CHECK(user_names_first);
     CHECK(sleeps > 100);

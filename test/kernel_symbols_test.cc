@@ -259,13 +259,8 @@ TEST_CASE("sleep stacks name their kernel frames at this boot's addresses") {
     auto unmoved = std::make_shared<GilStackClassifier::NameCache>(RecordedKernel{}, false);
     unmoved->ksyms = moved->ksyms;
     GilStackClassifier plain(&maps, modules, 8, RecordedKernel{}, unmoved);
-    Collect sink;
-    Timeline tl(s, sink);
     uint64_t stacks = 0, named = 0, addresses = 0, frames = 0;
-    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
-        SleepLabel other;
-        gsc.classify(smp, ev, ps, label);
-        plain.classify(smp, ev, ps, other);
+    classify_side_by_side(s, maps, gsc, plain, [&](const PrevState& ps, const SleepLabel& label, const SleepLabel& other) {
         if (ps.cls != StateClass::Sleeping || label.stack().empty()) return;
         ++stacks;
         const std::string_view st = label.stack();
@@ -278,8 +273,6 @@ TEST_CASE("sleep stacks name their kernel frames at this boot's addresses") {
         addresses += other.stack().find("\"0xffffffff8") != std::string::npos &&
                      other.stack().find("image_start") == std::string::npos;
     });
-    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
-    s.run(stages);
     CHECK(stacks > 100);
     CHECK(named == stacks);
     CHECK(addresses == stacks);

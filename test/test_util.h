@@ -211,4 +211,21 @@ inline size_t named_frames(GilStackClassifier::NameCache& names) {
     return n;
 }
 
+// Runs a recording through `maps` and a Timeline whose classifier labels
+// every switch-out with two classifiers side by side: each(ps, a's label,
+// b's label) for each of them.
+template <class F>
+void classify_side_by_side(Session& s, ProcessMaps& maps, GilStackClassifier& a, GilStackClassifier& b, F&& each) {
+    Collect sink;
+    Timeline tl(s, sink);
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        SleepLabel other;
+        a.classify(smp, ev, ps, label);
+        b.classify(smp, ev, ps, other);
+        each(ps, label, other);
+    });
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+    s.run(stages);
+}
+
 }  // namespace gilscan::test
