@@ -53,7 +53,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"a non-Python program with --gil: one sentence ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record"], capture_output=True, text=True)
     check(r.returncode != 0 and "no program to record" in r.stderr, "no program")
-    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--state", "--", "/bin/sh", "-c", "exit 5"],
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--state", "--trace", trace, "--", "/bin/sh", "-c", "exit 5"],
                        capture_output=True, text=True)
     check(r.returncode == 5, f"the program's exit status is gilscan's ({r.returncode})")
     r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--", "/bin/true"], capture_output=True, text=True,
