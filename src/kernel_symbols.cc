@@ -221,8 +221,20 @@ std::string KernelSymbols::name_here(uint64_t addr) const {
         --e;
         best = std::max(best, text.substr(e->name, e->len));
     }
-    std::snprintf(buf, sizeof buf, "+0x%llx ([kernel])", static_cast<unsigned long long>(addr - it->addr));
-    return std::string(best) + buf;
+    // A module's symbol is listed as "name\t[module]": named after its
+    // module, as perf does, the kernel's own after "[kernel]".
+    std::string_view where = "[kernel]";
+    const size_t after = static_cast<size_t>(best.data() - text.data()) + best.size();
+    if (after + 2 < text.size() && text[after] == '\t' && text[after + 1] == '[') {
+        const size_t close = text.find(']', after + 2);
+        if (close != std::string_view::npos && close < text.find('\n', after)) where = text.substr(after + 1, close - after);
+    }
+    std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(addr - it->addr));
+    std::string out(best);
+    out += buf;
+    out += where;
+    out += ')';
+    return out;
 }
 
 std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {

@@ -72,36 +72,45 @@ TEST_CASE("kernel symbols from /proc/kallsyms: the nearest text symbol below, gr
     CHECK(KernelSymbols("0.0.0-not-this-kernel").name(0xffffffff81000000ull) == "0xffffffff81000000 ([kernel])");
     // A reference parse of the same file, line by line.
     std::ifstream f("/proc/kallsyms");
-    std::map<uint64_t, std::string> ref;  // address -> greatest name there
+    // address -> the greatest name there and where it is ("[kernel]", or its "[module]")
+    std::map<uint64_t, std::pair<std::string, std::string>> ref;
     std::string line;
+    size_t in_modules = 0;
     while (std::getline(f, line)) {
         std::istringstream ls(line);
-        std::string addr, type, name;
+        std::string addr, type, name, module;
         if (!(ls >> addr >> type >> name) || type.size() != 1 || std::string("tTwW").find(type[0]) == std::string::npos)
             continue;
+        if (!(ls >> module)) module = "[kernel]";
         uint64_t a = std::stoull(addr, nullptr, 16);
         if (a == 0) continue;
         auto& n = ref[a];
-        if (name > n) n = name;
+        if (name > n.first) n = {name, module};
     }
+    for (const auto& [a, n] : ref) in_modules += n.second != "[kernel]";
     KernelSymbols ks(u.release);
     if (ref.empty()) {  // kptr_restrict hides the addresses (not root): nothing to name
         CHECK(ks.name(0x1234) == "0x1234 ([kernel])");
         return;
     }
     size_t i = 0, checked = 0;
-    for (const auto& [addr, name] : ref) {
-        if (i++ % 97 != 0) continue;  // a spread of them
-        CHECK(ks.name(addr) == name + "+0x0 ([kernel])");
+    size_t modules_checked = 0;
+    for (const auto& [addr, named] : ref) {
+        const auto& [name, where] = named;
+        // a spread of them, and every module's symbol
+        if (i++ % 97 != 0 && where == "[kernel]") continue;
+        CHECK(ks.name(addr) == name + "+0x0 (" + where + ")");
         // addr + 3 may already be past the next symbol: some are 2-3 bytes
         // long (__x86_indirect_*_thunk_*, .cold stubs), so ask the reference.
-        const auto& [below, below_name] = *std::prev(ref.upper_bound(addr + 3));
+        const auto& [below, below_named] = *std::prev(ref.upper_bound(addr + 3));
         char off[32];
         std::snprintf(off, sizeof off, "+0x%llx", static_cast<unsigned long long>(addr + 3 - below));
-        CHECK(ks.name(addr + 3) == below_name + off + " ([kernel])");
+        CHECK(ks.name(addr + 3) == below_named.first + off + " (" + below_named.second + ")");
         ++checked;
+        modules_checked += where != "[kernel]";
     }
     CHECK(checked > 10);
+    CHECK(modules_checked == in_modules);
     CHECK(ks.name(ref.begin()->first - 1).find("([kernel])") != std::string::npos);
 }
 
@@ -208,7 +217,7 @@ TEST_CASE("recorded kernel addresses move to this boot's: the image by _text, mo
     // Unmoved, the same address would fall below every symbol here.
     CHECK(ks.name(0xffffffff81001010) == "0xffffffff81001010 ([kernel])");
     // A module, by its base: recorded at 0xffffffffc0500000, here at 0xffffffffc0100000.
-    CHECK(ks.name(0xffffffffc0500420, rec) == "nft_lookup_eval+0x20 ([kernel])");
+    CHECK(ks.name(0xffffffffc0500420, rec) == "nft_lookup_eval+0x20 ([nf_tables])");
     // A module not loaded on this boot: its name, no symbol.
     CHECK(ks.name(0xffffffffc0800010, rec) == "0xffffffffc0800010 ([xfs])");
     // Outside every recorded map while the image moved: not guessed.
@@ -219,7 +228,7 @@ TEST_CASE("recorded kernel addresses move to this boot's: the image by _text, mo
     same.add(kernel_map(-1, 0xffffffff9a000000, 0x1276f48, 0xffffffff9a000000, "[kernel.kallsyms]_text"));
     const KernelLayout here = same.layout();
     CHECK(ks.name(0xffffffff9a001010, here) == "schedule+0x10 ([kernel])");
-    CHECK(ks.name(0xffffffffc0100410, here) == "nft_lookup_eval+0x10 ([kernel])");
+    CHECK(ks.name(0xffffffffc0100410, here) == "nft_lookup_eval+0x10 ([nf_tables])");
     // An older perf's reference symbol, _stext.
     KernelMapsLog old;
     old.add(kernel_map(-1, 0xffffffff81000000, 0x1276f48, 0xffffffff81000000, "[kernel.kallsyms]_stext"));
