@@ -1,6 +1,7 @@
 #include "gilscan/kernel_symbols.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -33,17 +34,6 @@ std::string read_proc(const char* path, size_t block, size_t expect) {
     return text;
 }
 
-uint64_t parse_hex(std::string_view s) {
-    if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
-    uint64_t v = 0;
-    for (char c : s) {
-        const int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
-        if (d < 0) return 0;
-        v = v << 4 | static_cast<uint64_t>(d);
-    }
-    return v;
-}
-
 }  // namespace
 
 std::string kernel_module_name(std::string_view f) {
@@ -51,7 +41,8 @@ std::string kernel_module_name(std::string_view f) {
     // file, "/lib/modules/6.1.0-13-amd64/kernel/net/netfilter/nf_tables.ko"
     // (also .ko.xz, .ko.zst, .ko.gz). The kernel names modules with '_'
     // where file names may have '-'.
-    std::string_view base = f.substr(f.rfind('/') == std::string_view::npos ? 0 : f.rfind('/') + 1);
+    const size_t slash = f.rfind('/');
+    const std::string_view base = slash == std::string_view::npos ? f : f.substr(slash + 1);
     std::string name;
     if (base.size() > 2 && base.front() == '[' && base.back() == ']') {
         name = base.substr(1, base.size() - 2);
@@ -193,9 +184,12 @@ void KernelSymbols::parse_modules(std::string_view text) {
         const size_t sp = line.find(' ');
         const size_t addr_at = line.rfind(" 0x");
         if (sp == std::string_view::npos || addr_at == std::string_view::npos) continue;
-        std::string_view addr = line.substr(addr_at + 1);
+        std::string_view addr = line.substr(addr_at + 3);  // after " 0x"
         addr = addr.substr(0, addr.find(' '));
-        if (const uint64_t a = parse_hex(addr)) module_bases_.emplace_back(std::string(line.substr(0, sp)), a);
+        uint64_t a = 0;
+        const auto r = std::from_chars(addr.data(), addr.data() + addr.size(), a, 16);
+        if (r.ec == std::errc() && r.ptr == addr.data() + addr.size() && a != 0)
+            module_bases_.emplace_back(std::string(line.substr(0, sp)), a);
     }
     std::sort(module_bases_.begin(), module_bases_.end());
 }
@@ -206,9 +200,7 @@ std::string KernelSymbols::unnamed(uint64_t addr, std::string_view where) const 
     return buf + std::string(where) + ")";
 }
 
-std::string KernelSymbols::name(uint64_t addr) const { return name_here(addr); }
-
-std::string KernelSymbols::name_here(uint64_t addr) const {
+std::string KernelSymbols::name(uint64_t addr) const {
     char buf[64];
     // The last symbol at or below addr; of several at that address, the
     // greatest name (an order that does not depend on how they are listed).
@@ -238,17 +230,14 @@ std::string KernelSymbols::name_here(uint64_t addr) const {
 }
 
 std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
-    if (syms_.empty()) return name_here(addr);  // not this kernel: the address alone
-    if (!rec.recorded()) return name_here(addr);  // nothing to move by (perf does the same)
+    if (syms_.empty()) return name(addr);  // not this kernel: the address alone
+    if (!rec.recorded()) return name(addr);  // nothing to move by (perf does the same)
     // The image's own shift: where the reference symbol is on this boot
-    // (perf's are _text, or _stext before it).
-    auto here_of = [&](std::string_view sym) -> uint64_t {
-        return sym == "_text" ? text_addr_ : sym == "_stext" ? stext_addr_ : 0;
-    };
+    // (perf's are _text, or _stext before it; 0: none to move by).
+    const uint64_t here = rec.reloc_symbol == "_text" ? text_addr_ : rec.reloc_symbol == "_stext" ? stext_addr_ : 0;
     if (addr >= rec.text_start && addr < rec.text_end) {
-        const uint64_t here = rec.reloc_symbol.empty() ? 0 : here_of(rec.reloc_symbol);
         if (!here) return unnamed(addr, "[kernel]");
-        return name_here(addr - rec.reloc_addr + here);
+        return name(addr - rec.reloc_addr + here);
     }
     auto m = std::upper_bound(rec.modules.begin(), rec.modules.end(), addr,
                               [](uint64_t a, const KernelLayout::Module& x) { return a < x.start; });
@@ -257,12 +246,11 @@ std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
         auto b = std::lower_bound(module_bases_.begin(), module_bases_.end(), mod.name,
                                   [](const std::pair<std::string, uint64_t>& x, const std::string& n) { return x.first < n; });
         if (b == module_bases_.end() || b->first != mod.name) return unnamed(addr, "[" + mod.name + "]");
-        return name_here(addr - mod.start + b->second);
+        return name(addr - mod.start + b->second);
     }
     // Outside every recorded map (BPF programs, a module loaded during the
     // recording): as it is, if the image did not move.
-    const uint64_t here = rec.reloc_symbol.empty() ? 0 : here_of(rec.reloc_symbol);
-    if (here && here == rec.reloc_addr) return name_here(addr);
+    if (here && here == rec.reloc_addr) return name(addr);
     return unnamed(addr, "[kernel]");
 }
 

@@ -125,15 +125,18 @@ void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {
     if (!s.stack_stable) p.stack = std::string(s.stack_json);  // a stable text is kept as the view
     p.ticket = ticket;
     p.st = st;
-    pending_.push_back(std::move(p));
-    if (pending_.size() > 65536) drain(true);  // bounded memory: wait for the workers
+    hold(std::move(p));
 }
 
 void Timeline::defer(const DeferredEvent& e) {
     PendingSpan p;
     p.other = e;
+    hold(std::move(p));
+}
+
+void Timeline::hold(PendingSpan&& p) {
     pending_.push_back(std::move(p));
-    if (pending_.size() > 65536) drain(true);
+    if (pending_.size() > 65536) drain(true);  // bounded memory: wait for the workers
 }
 
 void Timeline::drain(bool wait) {

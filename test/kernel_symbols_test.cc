@@ -49,10 +49,12 @@ const char* const kKallsyms =
     "ffffffff9a001100 t __schedule\n"
     "ffffffff9a002000 D some_data\n"
     "ffffffffc0100000 t nft_do_chain\t[nf_tables]\n"
-    "ffffffffc0100400 t nft_lookup_eval\t[nf_tables]\n";
+    "ffffffffc0100400 t nft_lookup_eval\t[nf_tables]\n"
+    "ffffffffc0300010 t foo_hook\t[xt_foo]\n";
 const char* const kModules =
     "nf_tables 352256 583 nft_chain_nat, Live 0xffffffffc0100000\n"
-    "hidden 4096 0 - Live 0x0000000000000000\n";
+    "hidden 4096 0 - Live 0x0000000000000000\n"
+    "xt_foo 4096 0 - Live 0xffffffffc0300000 (OE)\n";  // out-of-tree, unsigned: flags after the base
 
 // The recording's: the image 0x19000000 lower (another boot), nf_tables
 // elsewhere, xfs loaded then but not now.
@@ -245,6 +247,8 @@ TEST_CASE("recorded kernel addresses move to this boot's: the image by _text, mo
     hidden.add(kernel_map(-1, 0xffffffff9a000000, 0x1276f48, 0xffffffff9a000000, "[kernel.kallsyms]_text"));
     hidden.add(kernel_map(-1, 0xffffffffc0900000, 0x1000, 0, "[hidden]"));
     CHECK(ks.name(0xffffffffc0900010, hidden.layout()) == "0xffffffffc0900010 ([hidden])");
+    hidden.add(kernel_map(-1, 0xffffffffc0a00000, 0x1000, 0, "/lib/modules/6.1/extra/xt-foo.ko"));
+    CHECK(ks.name(0xffffffffc0a00020, hidden.layout()) == "foo_hook+0x10 ([xt_foo])");
     // Not this kernel (no symbols): addresses whatever the maps say.
     CHECK(KernelSymbols("", "").name(0xffffffff81001010, rec) == "0xffffffff81001010 ([kernel])");
 }

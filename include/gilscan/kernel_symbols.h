@@ -102,7 +102,6 @@ public:
 private:
     void parse_kallsyms();
     void parse_modules(std::string_view text);
-    std::string name_here(uint64_t addr) const;
     std::string unnamed(uint64_t addr, std::string_view where) const;
     struct Sym {
         uint64_t addr;

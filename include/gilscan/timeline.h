@@ -281,6 +281,7 @@ private:
     };
     std::deque<PendingSpan> pending_;
     void output(const Span& s, int64_t ticket, ThreadStats* st);
+    void hold(PendingSpan&& p);  // queued behind the waiting spans, their number bounded
     void drain(bool wait);
     std::deque<Thread> all_;  // deque: references stay valid as threads are added
     PtrIdMap<Thread> live_;  // tid -> its live entry in all_
