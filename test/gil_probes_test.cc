@@ -158,3 +158,11 @@ TEST_CASE("an event's kinds are the session's, worked out again when EVENT_UPDAT
         CHECK(s.events()[static_cast<size_t>(r.sw)].gil_kind == TpKind::Other);
     }
 }
+
+TEST_CASE("the GIL holder track's id: above every real tid, and defined for any pid a file holds") {
+    CHECK(gil_track_tid(4194304) == 4194304 + 0x40000000);  // Linux's largest pid_max
+    CHECK(gil_track_tid(0) == 0x40000000);
+    // A damaged file's pid: wraps instead of overflowing (UBSan checks this in the sanitizer build).
+    CHECK(gil_track_tid(0x6c5f7275) == static_cast<int32_t>(0xac5f7275u));
+    CHECK(gil_track_tid(-1) == 0x3fffffff);
+}

@@ -172,7 +172,11 @@ private:
     std::tuple<S&...> sinks_;
 };
 
-// The id of the per-process "GIL holder" track in the trace.
-inline int32_t gil_track_tid(int32_t pid) { return pid + 0x40000000; }
+// The id of the per-process "GIL holder" track in the trace: above any real
+// tid (Linux caps pids at 2^22). Added modulo 2^32: a damaged file's pid can
+// be anything, and a signed overflow there was undefined (found by fuzzing).
+inline int32_t gil_track_tid(int32_t pid) {
+    return static_cast<int32_t>(static_cast<uint32_t>(pid) + 0x40000000u);
+}
 
 }  // namespace gilscan
