@@ -21,6 +21,7 @@
 #include "gilscan/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output_file.h"
+#include "gilscan/utf8.h"
 
 namespace gilscan {
 
@@ -129,7 +130,7 @@ std::vector<nlohmann::json> rows_of(const Result& r) {
 }
 
 std::string csv_field(const nlohmann::json& v) {
-    std::string s = v.is_null() ? "" : v.is_string() ? v.get<std::string>() : v.dump();
+    std::string s = v.is_null() ? "" : v.is_string() ? valid_utf8(v.get<std::string>()) : json_dump(v);
     if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
     std::string q = "\"";
     for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
@@ -286,7 +287,7 @@ int batch_main(int argc, char** argv) {
                 }
                 text += "\n";
             } else {
-                text += row.dump() + "\n";
+                text += json_dump(row) + "\n";
             }
         }
         if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());

@@ -277,17 +277,24 @@ nlohmann::json summary_json(const FileSummary& fs) {
     return j;
 }
 
+std::string json_dump(const nlohmann::json& j, int indent) {
+    // Strings come from the recording as bytes (utf8.h); nlohmann's default
+    // handler throws at the first ill-formed one, which ended a run with a
+    // thread whose comm the kernel had cut inside a character.
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void write_summary_json(OutputFile& out, const FileSummary& fs) {
-    // What summary_json(fs).dump(2) gives, with the rows made and written one
+    // What json_dump(summary_json(fs), 2) gives, with the rows made and written one
     // at a time: as one document, the summary of a capture with 400,000
     // threads took 1.2 GB.
-    const std::string head = summary_head(fs).dump(2);
+    const std::string head = json_dump(summary_head(fs), 2);
     const std::string_view key = "\n  \"threads\": ";  // the top level's (indent 2)
     const size_t at = head.find(key);
     if (fs.threads.empty() || at == std::string::npos) {
         // No rows; or (not expected) no place found for them: the whole
         // document at once rather than a summary without its rows.
-        out.write(fs.threads.empty() ? head : summary_json(fs).dump(2));
+        out.write(fs.threads.empty() ? head : json_dump(summary_json(fs), 2));
         out.write("\n", 1);
         return;
     }
@@ -298,7 +305,7 @@ void write_summary_json(OutputFile& out, const FileSummary& fs) {
     for (size_t i = 0; i < fs.threads.size(); ++i) {
         // An element of a top-level array: its lines indented by 4 more.
         row = "    ";
-        for (char c : thread_json(fs.threads[i]).dump(2)) {
+        for (char c : json_dump(thread_json(fs.threads[i]), 2)) {
             row += c;
             if (c == '\n') row += "    ";
         }

@@ -6,6 +6,7 @@
 #include "gilscan/byte_buffer.h"
 #include "gilscan/cursor.h"
 #include "gilscan/decimal.h"
+#include "gilscan/utf8.h"
 
 // The helpers marked always_inline run several times per event: inlined
 // into each event's formatter they save a call, and its register saves and
@@ -49,10 +50,22 @@ namespace {
 
 // The escaping copy, for a string json_plain() said needs it (out of line:
 // rare, and it would bloat every event's formatter it were inlined into).
+// Well-formed UTF-8 (a thread's or a Python function's non-ASCII name) is
+// copied as it is, anything else from 0x80 up becomes U+FFFD (utf8.h): the
+// trace is valid JSON in UTF-8 whatever the recording holds.
 __attribute__((noinline)) char* put_escaped(char* p, std::string_view s) {
-    for (unsigned char ch : s) {
+    const auto* d = reinterpret_cast<const unsigned char*>(s.data());
+    for (size_t i = 0; i < s.size(); ++i) {
+        const unsigned char ch = d[i];
         if (ch >= 0x20 && ch < 0x80 && ch != '"' && ch != '\\') {
             *p++ = static_cast<char>(ch);
+            continue;
+        }
+        if (ch >= 0x80) {
+            const Utf8Step st = utf8_step(d + i, s.size() - i);
+            // U+FFFD as its 3 bytes: within str_bound's 6 per input byte.
+            p = st.ok ? put(p, s.substr(i, st.len)) : put(p, "\xEF\xBF\xBD");
+            i += st.len - 1;
             continue;
         }
         *p++ = '\\';

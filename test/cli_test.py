@@ -242,6 +242,31 @@ with tempfile.TemporaryDirectory() as tmp:
     check("at byte" in r.stderr and "warning" in r.stderr, "truncation warning names the offset")
     check(len(json.load(open(trace))["traceEvents"]) > 10, "truncated file still yields a trace")
 
+    # Names are bytes in a recording, and the kernel cuts a comm at 15 bytes,
+    # inside a character if it must: every "python3" of a real recording
+    # (comm, paths, cmdline) made the first two bytes of a three-byte
+    # character. Each output is valid UTF-8 JSON and shows U+FFFD there (the
+    # summary JSON and batch rows used to end the run with a json exception).
+    cut = os.path.join(tmp, "cut_comm.data")
+    open(cut, "wb").write(open(os.path.join(DATA, "plain.data"), "rb").read().replace(b"python3", b"pytho\xe6\x95"))
+    rows_jsonl2, rows_csv2 = os.path.join(tmp, "cut.jsonl"), os.path.join(tmp, "cut.csv")
+    r = subprocess.run([GILSCAN, cut, "-o", trace, "--summary-json", summ], capture_output=True)
+    check(r.returncode == 0, f"a comm cut inside a character: exits 0 ({r.stderr[-300:]!r})")
+    r2 = subprocess.run([GILSCAN, "batch", "--summary", rows_jsonl2, cut], capture_output=True)
+    r3 = subprocess.run([GILSCAN, "batch", "--summary", rows_csv2, cut], capture_output=True)
+    check(r2.returncode == 0 and r3.returncode == 0, f"batch of it exits 0 ({r2.stderr[-300:]!r})")
+    if r.returncode == 0 and r2.returncode == 0 and r3.returncode == 0:
+        def utf8(path):
+            return open(path, "rb").read().decode("utf-8")  # strict: ill-formed UTF-8 raises
+        comms = {e["args"]["name"] for e in json.loads(utf8(trace))["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "thread_name"}
+        check("pytho\ufffd" in comms, f"trace: the cut character is U+FFFD ({sorted(comms)[:4]})")
+        check("pytho\ufffd" in {t["comm"] for t in json.loads(utf8(summ))["threads"]}, "summary JSON: the same name")
+        rows = [json.loads(line) for line in utf8(rows_jsonl2).splitlines()]
+        check(rows and "pytho\ufffd" in {row["comm"] for row in rows}, "batch JSON lines: the same name")
+        check("pytho\ufffd" in utf8(rows_csv2), "batch CSV: the same name")
+
+
     # Errors: one line, non-zero, no output left behind
     bad = {
         "empty.data": b"",

@@ -273,7 +273,7 @@ TEST_CASE("analysis: on_complete sees the finished summary once, the trace alrea
     fs::remove_all(dir);
 }
 
-TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for byte") {
+TEST_CASE("summary JSON written row by row is json_dump(summary_json(), 2), byte for byte") {
     const fs::path dir = fs::current_path() / "golden_summary.tmp";
     fs::create_directories(dir);
     auto check_same = [&](const FileSummary& fsum) {
@@ -283,7 +283,8 @@ TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for b
             write_summary_json(out, fsum);
             out.commit();
         }
-        CHECK(slurp(p) == summary_json(fsum).dump(2) + "\n");
+        CHECK(slurp(p) == json_dump(summary_json(fsum), 2) + "\n");
+        return nlohmann::json::parse(slurp(p));  // strict: throws on ill-formed UTF-8
     };
     for (const std::string name : {"plain", "gil_combined", "stacks_py311"}) {
         CAPTURE(name);
@@ -295,6 +296,15 @@ TEST_CASE("summary JSON written row by row is summary_json().dump(2), byte for b
         // A name that needs escaping, and no rows at all.
         fsum.threads[0].st.comm = "a\"b\\c\nd\t\x01";
         check_same(fsum);
+        // A comm the kernel cut inside a character, a non-UTF-8 host name:
+        // U+FFFD, where nlohmann's default dump() threw and ended the run.
+        fsum.threads[1].st.comm = "ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xe7";
+        fsum.hostname = "h\xff";
+        const nlohmann::json back = check_same(fsum);
+        CHECK(back["hostname"] == "h\xef\xbf\xbd");
+        bool found = false;
+        for (const auto& t : back["threads"]) found |= t["comm"] == "ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xef\xbf\xbd";
+        CHECK(found);
         fsum.threads.clear();
         check_same(fsum);
     }

@@ -1,7 +1,8 @@
 // JSON string escaping, shared by the trace's events and the cached frame
 // names: what the kernel and binaries hand us (comm bytes, symbol names) must
-// come out as valid JSON that reads back to the same text (bytes >= 0x80 as
-// \u00XX, i.e. Latin-1, as per4m's output does).
+// come out as valid JSON in UTF-8 that reads back to the same text, with
+// ill-formed UTF-8 replaced by U+FFFD exactly as the summary JSON
+// (nlohmann's error_handler_t::replace) replaces it.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 
 #include "gilscan/output_file.h"
 #include "gilscan/trace_writer.h"
+#include "gilscan/utf8.h"
 #include "perf_writer.h"
 
 using namespace gilscan;
@@ -43,12 +45,15 @@ TEST_CASE("append_json_string escapes what JSON needs and keeps the rest") {
     CHECK(out == "x\"plain take_gil+0x1f (libpython3.11.so)\"");
 
     out.clear();
-    const std::string raw = std::string("a\"b\\c\nd\te\rf") + '\x01' + '\x7f' + '\xe9';
+    const std::string raw = std::string("a\"b\\c\nd\te\rf") + '\x01' + '\x7f' + "\xc3\xa9";
     append_json_string(out, raw);
-    CHECK(out == "\"a\\\"b\\\\c\\nd\\te\\rf\\u0001\x7f\\u00e9\"");
-    const std::string back = nlohmann::json::parse(out).get<std::string>();
-    CHECK(back.substr(0, 13) == raw.substr(0, 13));  // all but the \u00e9 (UTF-8 once parsed)
-    CHECK(back.substr(13) == "\xc3\xa9");
+    CHECK(out == "\"a\\\"b\\\\c\\nd\\te\\rf\\u0001\x7f\xc3\xa9\"");  // é kept as UTF-8
+    CHECK(nlohmann::json::parse(out).get<std::string>() == raw);
+
+    // A Latin-1 byte alone is not UTF-8: U+FFFD, as in the summary.
+    out.clear();
+    append_json_string(out, "caf\xe9");
+    CHECK(out == "\"caf\xef\xbf\xbd\"");
 
     out.clear();
     append_json_string(out, "");
@@ -70,7 +75,9 @@ TEST_CASE("append_json_string: any byte at any position of short strings, agains
             case '\t': o += "\\t"; break;
             case '\r': o += "\\r"; break;
             default:
-                if (ch < 0x20 || ch >= 0x80) {
+                if (ch >= 0x80) {
+                    o += "\xef\xbf\xbd";  // alone among 'a's, no byte from 0x80 up is UTF-8
+                } else if (ch < 0x20) {
                     std::snprintf(buf, sizeof buf, "\\u00%02x", ch);
                     o += buf;
                 } else {
@@ -102,6 +109,80 @@ TEST_CASE("append_json_string: any byte at any position of short strings, agains
     }
     CHECK(checked == 40 * 41 / 2 * 256);
     CHECK(escaped == 40 * 41 / 2 * (256 - 94));  // all but 0x20-0x7f, less the quote and the backslash
+}
+
+// What the kernel hands over: a comm is cut at 15 bytes, in a character
+// if it must; thread and function names may be any script.
+TEST_CASE("append_json_string: UTF-8 names kept, a comm cut inside a character ends in U+FFFD") {
+    const std::string name = "ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xe7\xba\xbf";  // ab数据处理线
+    std::string out;
+    append_json_string(out, name);
+    CHECK(out == "\"" + name + "\"");
+    CHECK(nlohmann::json::parse(out).get<std::string>() == name);
+    out.clear();
+    append_json_string(out, name.substr(0, 15));  // the kernel's TASK_COMM_LEN - 1
+    CHECK(out == "\"ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xef\xbf\xbd\"");
+    out.clear();
+    append_json_string(out, name.substr(0, 16));  // two bytes of the last character: one U+FFFD
+    CHECK(out == "\"ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xef\xbf\xbd\"");
+    // 4-byte characters, and what is not UTF-8 though it looks close: an
+    // overlong '/', a surrogate (CESU-8), above U+10FFFF.
+    out.clear();
+    append_json_string(out, "\xf0\x9f\x90\x8d py");
+    CHECK(out == "\"\xf0\x9f\x90\x8d py\"");
+    for (const char* bad : {"\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
+        CAPTURE(bad);
+        out.clear();
+        append_json_string(out, bad);
+        CHECK(nlohmann::json::parse(out).get<std::string>().find("\xef\xbf\xbd") == 0);
+    }
+}
+
+// The trace and the summary must show the same name for the same bytes:
+// every string over an alphabet of UTF-8's edge bytes (lead bytes of each
+// length, the limits of each second-byte range, never-valid bytes) up to 4
+// bytes long, and random longer ones, against nlohmann's replace.
+TEST_CASE("append_json_string and valid_utf8 replace ill-formed UTF-8 exactly as nlohmann's replace does") {
+    const std::vector<unsigned char> abc = {'A', '"', 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2,
+                                            0xdf, 0xe0, 0xe1, 0xed, 0xef, 0xf0, 0xf1, 0xf4, 0xf5, 0xff};
+    auto check = [&](const std::string& s) {
+        const std::string want = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        std::string out;
+        append_json_string(out, s);
+        const std::string plain = valid_utf8(s);
+        const bool same = out == want && nlohmann::json(plain).dump() == want;
+        if (!same) {
+            std::string hex;
+            for (unsigned char c : s) hex += std::to_string(c) + " ";
+            FAIL_CHECK("bytes " << hex << ": " << out << " != " << want);
+        }
+        return same;
+    };
+    size_t n = 0;
+    std::vector<size_t> idx;
+    for (size_t len = 1; len <= 4; ++len) {
+        idx.assign(len, 0);
+        for (;;) {
+            std::string s;
+            for (size_t k : idx) s += static_cast<char>(abc[k]);
+            if (!check(s)) return;
+            ++n;
+            size_t k = 0;
+            while (k < len && ++idx[k] == abc.size()) idx[k++] = 0;
+            if (k == len) break;
+        }
+    }
+    CHECK(n == 21 + 21 * 21 + 21 * 21 * 21 + 21 * 21 * 21 * 21);
+    uint64_t x = 12345;
+    for (int i = 0; i < 20000; ++i) {
+        std::string s;
+        const size_t len = 5 + (x >> 33) % 28;
+        for (size_t k = 0; k < len; ++k) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            s += static_cast<char>(abc[(x >> 33) % abc.size()]);
+        }
+        if (!check(s)) return;
+    }
 }
 
 TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting, event by event") {

@@ -3,7 +3,7 @@
 //
 //   FileSummary fs = build_summary(session, timeline.threads(), filter);
 //   print_summary_table(stdout, fs);
-//   write_text_file("summary.json", summary_json(fs).dump(2));
+//   write_text_file("summary.json", json_dump(summary_json(fs), 2));
 //
 // GIL figures stay null (std::nullopt) until a later stage can measure them:
 // gil_sleep_* needs unwound stacks, gil_wait/hold needs GIL uprobes.
@@ -63,7 +63,10 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
 // processes that ran the probed Python unless all_threads.
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads = false);
 nlohmann::json summary_json(const FileSummary& fs);
-// The same document, dump(2) and a newline, written row by row into `out`
+// j as text, with every string's ill-formed UTF-8 replaced by U+FFFD (the
+// default dump() throws there): what each JSON output gilscan writes uses.
+std::string json_dump(const nlohmann::json& j, int indent = -1);
+// The same document, json_dump(…, 2) and a newline, written row by row into `out`
 // (a system-wide capture can have hundreds of thousands of threads).
 void write_summary_json(OutputFile& out, const FileSummary& fs);
 
