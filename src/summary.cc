@@ -4,6 +4,7 @@
 #include <ctime>
 
 #include "gilscan/perf_abi.h"
+#include "gilscan/utf8.h"
 
 namespace gilscan {
 
@@ -113,6 +114,17 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
 namespace {
 double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
 double ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+// The comm column: UTF-8 (utf8.h), at most 16 characters, padded to 16
+// characters, where printf's %-16.16s counts bytes and could cut a
+// character in two (a wide script's columns still come out wider).
+std::string comm_column(const std::string& comm) {
+    const std::string s = valid_utf8(comm);
+    size_t chars = 0, end = 0;
+    for (; end < s.size() && chars < 16; ++chars)
+        end += utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + end, s.size() - end).len;
+    return s.substr(0, end) + std::string(16 - chars, ' ');
+}
 }  // namespace
 
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads) {
@@ -133,8 +145,8 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
         const uint64_t span = t.span_ns;
         char pid[24];
         std::snprintf(pid, sizeof pid, "%d%s", t.st.tgid, t.main_thread ? "*" : "");
-        std::fprintf(out, "%9s %8d  %-16.16s %10.1f %8.1f %9.1f %7.1f %7llu %6.1f %6.1f", pid, t.st.tid,
-                     t.st.comm.c_str(), ms(span), pct(t.st.running_ns, span), pct(t.st.runnable_ns, span),
+        std::fprintf(out, "%9s %8d  %s %10.1f %8.1f %9.1f %7.1f %7llu %6.1f %6.1f", pid, t.st.tid,
+                     comm_column(t.st.comm).c_str(), ms(span), pct(t.st.running_ns, span), pct(t.st.runnable_ns, span),
                      pct(t.st.sleep_ns, span), static_cast<unsigned long long>(t.st.sleep_count),
                      pct(t.st.disk_ns, span), pct(t.st.unknown_ns, span));
         if (fs.gil_sleep_known) std::fprintf(out, " %11.1f", pct(t.gil_sleep_ns.value_or(0), span));

@@ -262,6 +262,11 @@ with tempfile.TemporaryDirectory() as tmp:
                  if e["ph"] == "M" and e["name"] == "thread_name"}
         check("pytho\ufffd" in comms, f"trace: the cut character is U+FFFD ({sorted(comms)[:4]})")
         check("pytho\ufffd" in {t["comm"] for t in json.loads(utf8(summ))["threads"]}, "summary JSON: the same name")
+        try:
+            table = r.stdout.decode("utf-8")
+        except UnicodeDecodeError:
+            table = ""
+        check("pytho\ufffd " in table, "the table on stdout: UTF-8, the same name")
         rows = [json.loads(line) for line in utf8(rows_jsonl2).splitlines()]
         check(rows and "pytho\ufffd" in {row["comm"] for row in rows}, "batch JSON lines: the same name")
         check("pytho\ufffd" in utf8(rows_csv2), "batch CSV: the same name")

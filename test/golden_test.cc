@@ -305,6 +305,20 @@ TEST_CASE("summary JSON written row by row is json_dump(summary_json(), 2), byte
         bool found = false;
         for (const auto& t : back["threads"]) found |= t["comm"] == "ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xef\xbf\xbd";
         CHECK(found);
+        // The table: the same U+FFFD, and 16 characters of a longer name, not
+        // 16 bytes (which would cut the ninth é in two).
+        std::string ten_e;
+        for (int k = 0; k < 10; ++k) ten_e += "\xc3\xa9";
+        fsum.threads[0].st.comm = ten_e + "xxxxxxxxxx";  // 20 characters, 30 bytes
+        char* buf = nullptr;
+        size_t len = 0;
+        std::FILE* mem = open_memstream(&buf, &len);
+        print_summary_table(mem, fsum, true);
+        std::fclose(mem);
+        const std::string table(buf, len);
+        std::free(buf);
+        CHECK(table.find("  ab\xe6\x95\xb0\xe6\x8d\xae\xe5\xa4\x84\xe7\x90\x86\xef\xbf\xbd          ") != std::string::npos);
+        CHECK(table.find("  " + ten_e + "xxxxxx ") != std::string::npos);  // 16 characters, then the column's space
         fsum.threads.clear();
         check_same(fsum);
     }
