@@ -21,7 +21,8 @@ struct Utf8Step {
     bool ok;     // a well-formed character of len bytes; else len bytes to replace
 };
 
-// The next step through s[0, n), n >= 1, at a byte from 0x80 up or below.
+// One step through s[0, n), n >= 1: an ASCII byte, a well-formed character,
+// or the ill-formed subpart that one U+FFFD replaces.
 inline Utf8Step utf8_step(const unsigned char* s, size_t n) {
     const unsigned c = s[0];
     if (c < 0x80) return {1, true};
