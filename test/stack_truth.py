@@ -10,6 +10,10 @@ switch-out time lies inside a take_gil entry..return interval of the same
 thread. gilscan never reads TRUTH.data or this output: the tests compare.
 Also counts, for the README, the sleeps whose `perf script --no-inline`
 callchain shows a take_gil frame.
+
+usage: stack_truth.py --jit TEST.data > TEST.jit.json
+The JIT frames `perf script` names from /tmp/perf-PID.map (Python's -X
+perf), for each sleep whose stack has any: run while the map is there.
 """
 import json
 import re
@@ -22,6 +26,32 @@ LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<tid>\d+)\s+(?P<sec>\d+)\.(?P<ns>\d{9
 def script(path, fields, extra=()):
     return subprocess.run(["perf", "script", "-i", path, "--ns", "-F", fields, *extra], check=True,
                           capture_output=True, text=True).stdout
+
+
+def sleep_stacks(test):
+    """(tid, switch-out ns) and perf script's frames, "ip sym" lines, of each python thread's sleep."""
+    out, block, switch = [], [], None
+    for line in script(test, "tid,time,event,trace,ip,sym", ["--no-inline"]).splitlines() + [""]:
+        if not line.strip():
+            if switch:
+                out.append((switch, block))
+            block, switch = [], None
+        elif "sched:sched_switch" in line and "prev_state=S " in line and "prev_comm=python" in line:
+            m = re.match(r"^\s*(\d+)\s+(\d+)\.(\d{9}):", line)
+            switch = (int(m.group(1)), int(m.group(2)) * 10**9 + int(m.group(3)))
+        elif switch:
+            block.append(line.strip())
+    return out
+
+
+def jit_frames(test):
+    """[tid, ns, [names]] of each sleep whose stack perf script names JIT frames in (from /tmp/perf-PID.map)."""
+    out = []
+    for (tid, t), frames in sleep_stacks(test):
+        names = [f.split(None, 1)[1] for f in frames if len(f.split(None, 1)) == 2]
+        if any(n.startswith("py::") for n in names):
+            out.append([tid, t, [n for n in names if n.startswith("py::")]])
+    return out
 
 
 def main(test, truth):
@@ -53,21 +83,15 @@ def main(test, truth):
         gil = any(a <= t <= b for a, b in intervals.get(tid, ()))
         sleeps.append([tid, t, gil])
     # How perf script itself sees these stacks.
-    perf_take = 0
-    block, in_switch = [], False
-    for line in script(test, "tid,time,event,trace,ip,sym", ["--no-inline"]).splitlines() + [""]:
-        if not line.strip():
-            if in_switch and any("take_gil" in b for b in block):
-                perf_take += 1
-            block, in_switch = [], False
-        elif "sched:sched_switch" in line and "prev_state=S " in line and "prev_comm=python" in line:
-            in_switch = True
-        else:
-            block.append(line)
+    perf_take = sum(any("take_gil" in f for f in frames) for _, frames in sleep_stacks(test))
     json.dump({"sleeps": sleeps, "gil_waits": sum(s[2] for s in sleeps), "take_gil_intervals":
                sum(len(v) for v in intervals.values()), "perf_script_take_gil_frames": perf_take}, sys.stdout)
     print()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--jit":  # stack_truth.py --jit TEST.data > TEST.jit.json
+        json.dump(jit_frames(sys.argv[2]), sys.stdout)
+        print()
+    else:
+        main(sys.argv[1], sys.argv[2])

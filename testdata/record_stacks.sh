@@ -3,15 +3,16 @@
 # stacks on sched_switch, and beside it a system-wide uprobe recording of
 # take_gil entry/return is the ground truth (test/stack_truth.py turns it
 # into <name>.truth.json). Run as root; needs perf, tracefs and the Pythons.
+# ONLY=name records that one alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 GILSCAN=${GILSCAN:-../build/gilscan}
 DUR=${DUR:-0.2}
-SW='sched:sched_switch/call-graph=dwarf,stack-size=2048/'
-EV=(-e "$SW" -e sched:sched_waking -e sched:sched_wakeup)
 
 one() {  # name python mode [python args...]
     local name=$1 py=$2 mode=$3; shift 3
+    [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
+    local EV=(-e 'sched:sched_switch/call-graph=dwarf,stack-size=2048/' -e sched:sched_waking -e sched:sched_wakeup)
     local bin group
     bin=$("$GILSCAN" probe "$py" | sed -n 's/^# \([^ ]*\) .*/\1/p' | head -1)
     group=$("$GILSCAN" probe "$py" | sed -n "s/.* in group \([^ ]*\) .*/\1/p")
@@ -30,6 +31,25 @@ one() {  # name python mode [python args...]
     echo "$name ($bin): $(python3 -c "import json,sys; d=json.load(open('stacks_$name.truth.json')); print(len(d['sleeps']), 'sleeps,', d['gil_waits'], 'GIL waits, perf script shows take_gil in', d['perf_script_take_gil_frames'])")"
 }
 
+# A -X perf recording with its perf map kept in perf-maps/, and no uprobes
+# beside it: take_gil's return uprobe puts the kernel's uretprobe trampoline
+# ([uprobes], 0x7fffffffe000) in place of take_gil's return address, so the
+# GIL waits' stacks of the recordings above end there (perf script's
+# "7fffffffdfff [unknown]"). Without it, with perf's default stack size,
+# they reach the trampoline of the Python function that waits.
+# stack_truth.py --jit keeps the JIT frames perf script names, per sleep.
+jit() {  # name python [python args...]
+    local name=$1 py=$2; shift 2
+    [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
+    perf record -q -k CLOCK_MONOTONIC -e 'sched:sched_switch/call-graph=dwarf/' -e sched:sched_waking \
+        -e sched:sched_wakeup -o "stacks_$name.data" -- "$py" "$@" workload.py 0.1 2>/dev/null
+    local map
+    map=$(ls -t /tmp/perf-*.map | head -1)  # the workload's: the newest
+    rm -rf perf-maps && mkdir perf-maps && cp "$map" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
+    python3 ../test/stack_truth.py --jit "stacks_$name.data" > "stacks_$name.jit.json"
+    echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
+}
+
 P=/root/.pyenv/versions
 one py39 $P/3.9.18/bin/python3 file
 one py311 $P/3.11.7/bin/python3 file
@@ -40,3 +60,4 @@ one shim /root/.pyenv/shims/python3 file
 one pipe $P/3.11.7/bin/python3 pipe
 one zstd $P/3.11.7/bin/python3 zstd
 one debian /usr/bin/python3.11 file
+jit py312_perfmap $P/3.12.1/bin/python3 -X perf
