@@ -61,6 +61,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     ProcessMaps maps;
     ModuleOptions mopt;
     mopt.symfs = opt.symfs;
+    mopt.perf_maps = opt.perf_maps;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     ModuleCache modules(mopt);
     // The recording's kernel, for naming kernel frames: its identity from
@@ -156,6 +157,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     summary.stack_stats = sst;
     for (const auto& p : parallel ? parallel->problems() : modules.problems())
         summary.warnings.push_back("cannot unwind through " + p);
+    for (const auto& p : parallel ? parallel->perf_map_problems() : modules.perf_maps().problems())
+        summary.warnings.push_back(p);
     if (sst.stopped_early + sst.failed)
         summary.warnings.push_back(std::to_string(sst.stopped_early + sst.failed) + " of " +
                                    std::to_string(sst.sleeps_seen) +

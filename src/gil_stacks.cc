@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gilscan/byte_buffer.h"
+#include "gilscan/perf_map.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/trace_writer.h"
 
@@ -126,7 +127,43 @@ void GilStackClassifier::maps_for(uint64_t layout) {
     maps_layout_ = layout;
 }
 
+// A frame in a process's JIT code named by its perf map: the process's own
+// names, so cached by pc per pid (jit_pid_), not per layout (a forked
+// child's trampolines sit where its parent's did, for other functions).
+// nullptr when the map does not cover the pc: it is named as any other.
+const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
+    if (!jit_map_ || !f.mapping || f.module || !f.mapping->exec || !is_jit_mapping(f.mapping->path)) return nullptr;
+    auto& names = jit_names_[jit_pid_];
+    auto it = names.find(f.pc);
+    if (it != names.end()) return &it->second;
+    const PerfMapSymbol* sym = jit_map_->find(f.pc);
+    if (!sym) return nullptr;
+    char off[32];
+    std::snprintf(off, sizeof off, "+0x%llx (perf-", static_cast<unsigned long long>(f.pc - sym->start));
+    return &names.emplace(f.pc, names_json({sym->name + off + std::to_string(jit_pid_) + ".map)"})).first->second;
+}
+
+// Whether the sleep's user frames run through JIT code its process's perf
+// map names; sets jit_map_ and jit_pid_ for jit_frame_json. The map is read
+// at the first such frame of a process, whichever thread meets it: every
+// stack with one is named or found by a key that holds the pid, so the
+// same maps are read (and the same problems reported) at any -j.
+bool GilStackClassifier::names_jit_frames(const AddressSpace& as) {
+    jit_map_ = nullptr;
+    bool jit = false;
+    for (const Frame& f : frames_)
+        jit |= !f.module && f.mapping->exec && is_jit_mapping(f.mapping->path);
+    if (!jit || modules_.perf_maps().dir().empty()) return false;
+    auto& m = jit_maps_[as.pid];
+    if (!m) m = modules_.perf_maps().of_pid(as.pid);
+    if (m->size() == 0) return false;
+    jit_map_ = m.get();
+    jit_pid_ = as.pid;
+    return true;
+}
+
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
+    if (const std::string* j = jit_frame_json(f)) return *j;
     maps_for(layout);
     std::unordered_map<uint64_t, std::string>* const local = local_map_;
     if (local) {
@@ -295,11 +332,17 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     if (stack_frames_) {
         // The stack's key: its layout, how many kernel frames, their
         // addresses, then the user frames' pcs.
+        // With frames named from a perf map, the pid follows (flagged in the
+        // count's top bit): the same pcs are other functions in another
+        // process of the same layout.
         key_.clear();
         key_.push_back(layout);
         key_.push_back(0);
+        const bool jit = names_jit_frames(*as);
+        if (jit) key_.push_back(static_cast<uint32_t>(as->pid));
+        const size_t before_kernel = key_.size();
         for_kernel_frames([this](uint64_t ip) { key_.push_back(ip); });
-        key_[1] = key_.size() - 2;
+        key_[1] = (key_.size() - before_kernel) | (jit ? uint64_t{1} << 63 : 0);
         for (const Frame& f : frames_) key_.push_back(f.pc);
         const uint64_t h = StackTexts::hash(key_);
         if (const std::string* kept = texts_.find(key_, h)) {
@@ -547,5 +590,7 @@ std::vector<std::string> ParallelStackClassifier::problems() const {
     std::sort(out.begin(), out.end());
     return out;
 }
+
+std::vector<std::string> ParallelStackClassifier::perf_map_problems() const { return modules_->perf_maps().problems(); }
 
 }  // namespace gilscan

@@ -56,6 +56,10 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            frames from CALLCHAIN, up to N unwound user frames)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
                            perf build-id cache there)
+      --perf-maps DIR      with --sleep-stacks: name frames in JIT code (Python
+                           3.12+ run with -X perf) from DIR/perf-PID.map, as perf
+                           does from /tmp (default: /tmp)
+      --no-perf-maps       leave those frames unnamed
       --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
                            *-dbg packages) in DIR, by build-id, so that later runs
                            skip the inflate (default: $GILSCAN_CACHE_DIR, else
@@ -84,6 +88,7 @@ struct Options {
     bool all_threads = false;
     std::string gil_evidence = "auto";
     std::string symfs;
+    std::string perf_maps = "/tmp";
     unsigned sleep_stacks = 0;
     unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
@@ -152,6 +157,11 @@ Options parse_args(int argc, char** argv) {
             o.sleep_stacks = static_cast<unsigned>(n);
         } else if (a == "--symfs") {
             o.symfs = value("--symfs");
+        } else if (a == "--perf-maps") {
+            o.perf_maps = value("--perf-maps");
+            if (o.perf_maps.empty()) usage_error("--perf-maps needs a directory");
+        } else if (a == "--no-perf-maps") {
+            o.perf_maps.clear();
         } else if (a == "--cache-dir") {
             o.cache_dir = value("--cache-dir");
             if (o.cache_dir.empty()) usage_error("--cache-dir needs a directory");
@@ -181,6 +191,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.pids = opt.pids;
     a.gil_evidence = opt.gil_evidence;
     a.symfs = opt.symfs;
+    a.perf_maps = opt.perf_maps;
     a.sleep_stacks = opt.sleep_stacks;
     a.jobs = opt.jobs;
     a.debuginfo_cache = opt.cache_dir;

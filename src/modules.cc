@@ -33,7 +33,7 @@ const AddrRange* Module::in_drop(uint64_t v) const {
     return nullptr;
 }
 
-ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)) {
+ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)), perf_maps_(opt_.perf_maps) {
     if (opt_.home_debug.empty()) {
         const char* home = std::getenv("HOME");
         opt_.home_debug = std::string(home ? home : "/root") + "/.debug";

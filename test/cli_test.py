@@ -98,6 +98,39 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(os.path.join(DATA, "plain.data"), "--gil-evidence", "bogus")
     check(r.returncode == 2, "bad --gil-evidence is a usage error")
 
+    # -X perf trampolines named from perf maps: --perf-maps DIR (perf's
+    # /tmp by default), --no-perf-maps; a missing map is one warning.
+    pm = os.path.join(DATA, "stacks_py312_perfmap.data")
+    maps = os.path.join(DATA, "perf-maps")
+    (pm_map,) = os.listdir(maps)  # perf-PID.map of the recording's python
+    r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--perf-maps", maps)
+    stacks = [e for e in json.load(open(trace))["traceEvents"] if "stack" in e.get("args", {})]
+    named = [e for e in stacks if any(f.endswith(f" ({pm_map})") for f in e["args"]["stack"])]
+    check(r.returncode == 0 and "perf map" not in r.stderr, f"--perf-maps DIR ({r.stderr})")
+    check(len(named) > 50 and all(f.startswith("py::") for e in named for f in e["args"]["stack"] if pm_map in f),
+          f"JIT frames named py::function:file from {pm_map} ({len(named)} of {len(stacks)} stacks)")
+    check(any(e["name"] == "S(GIL)" and any(f.startswith("py::spin:") for f in e["args"]["stack"]) for e in named),
+          "a GIL wait names the Python function that waits (spin)")
+    named_trace = open(trace, "rb").read()
+    for j in ("1", "2", "3"):
+        run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--perf-maps", maps, "-j", j)
+        check(open(trace, "rb").read() == named_trace, f"-j {j}: the same trace with perf maps")
+    r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--no-perf-maps")
+    raw = open(trace).read()
+    check(r.returncode == 0 and "perf map" not in r.stderr and "py::" not in raw and "(anon)" in raw,
+          "--no-perf-maps: JIT frames unnamed, nothing reported")
+    empty = os.path.join(tmp, "no-maps")
+    os.makedirs(empty)
+    r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--perf-maps", empty)
+    check(r.returncode == 0 and r.stderr.count(f"no perf map {empty}/{pm_map}") == 1 and "py::" not in open(trace).read(),
+          f"a missing perf map: one warning, frames unnamed ({r.stderr})")
+    if not os.path.exists(os.path.join("/tmp", pm_map)):
+        r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q")
+        check(f"no perf map /tmp/{pm_map}" in r.stderr, "perf maps are looked for in /tmp by default, as perf does")
+    r = run(pm, "-o", trace, "-q", "--perf-maps", empty)
+    check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks no perf map is read")
+    check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
+
     # Batch: a directory of archived recordings, compressed ones, a bad one
     import csv
     import shutil

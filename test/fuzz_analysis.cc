@@ -97,6 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     write_file(in, data, size);
     gilscan::AnalysisOptions o;
     o.sleep_stacks = 16;  // symbolize the stacks too, not only classify them
+    o.perf_maps = GILSCAN_PERF_MAPS;  // and JIT frames from perf maps
     o.trace.running = true;
     // The last bytes pick the evidence and the threads, so every shape of
     // input meets both classifiers (a recording with uprobes and stacks

@@ -180,7 +180,10 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     // gil_combined: uprobes, no stacks (S(GIL) by probes, -j 3 without work for a worker).
     // gil_stacks: uprobes and stacks, S(GIL) by stacks: while -j 3's spans
     // wait for their labels, the GIL tracker's events must wait with them.
-    for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph", "gil_stacks"}) {
+    // stacks_py312_perfmap: -X perf trampolines named from its perf map
+    // (each thread reads it at the first such frame it meets).
+    for (const std::string name :
+         {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph", "gil_stacks", "stacks_py312_perfmap"}) {
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;
             uint64_t ref_sleeps = 0;
@@ -195,6 +198,7 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 o.input = (kData / (name + ".data")).string();
                 o.output = (dir / "t.json").string();
                 o.sleep_stacks = frames;
+                o.perf_maps = (kData / "perf-maps").string();
                 if (name == "gil_stacks") o.gil_evidence = "stacks";
                 o.jobs = jobs;
                 if (jobs > 1) o.reader_thread = true;
@@ -230,6 +234,8 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                     ref_trace = trace;
                     ref_summary = summary;
                     if (frames && name != "gil_combined") CHECK(trace.find("\"stack\":[") != std::string::npos);
+                    if (frames && name == "stacks_py312_perfmap")
+                        CHECK(trace.find("py::spin:") != std::string::npos);
                     CHECK(trace.find("S(GIL)") != std::string::npos);
                 } else {
                     CHECK(trace == ref_trace);

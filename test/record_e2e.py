@@ -87,6 +87,27 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(stacks) > 20 and len(kernel) > 2 * len(stacks), f"sleep stacks with kernel frames ({len(stacks)}, {len(kernel)})")
     check(len(named) == len(kernel) and any(f.startswith("schedule+0x") for f in named),
           f"every kernel frame named on this boot ({len(named)} of {len(kernel)}: {kernel[:3]})")
+    # Python 3.12 -X perf: the trampolines' names come from the map it
+    # writes to /tmp, where gilscan looks by default (as perf does). No GIL
+    # uprobes (--state --stacks): take_gil's return probe would end the GIL
+    # waits' stacks before the trampolines.
+    r = subprocess.run([GILSCAN, "record", "-q", "--state", "--stacks", "--no-analyse", "-o", data, "--",
+                        "/root/.pyenv/versions/3.12.1/bin/python3", "-X", "perf", WORKLOAD, "0.1"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"record --state --stacks -- python3.12 -X perf ({r.stderr[-300:]})")
+    r = subprocess.run([GILSCAN, data, "-q", "--sleep-stacks", "16", "-o", trace], capture_output=True, text=True)
+    maps_used = set()
+    gil_named = 0
+    for e in json.load(open(trace))["traceEvents"] if r.returncode == 0 else []:
+        jit = [f for f in e.get("args", {}).get("stack", []) if " (perf-" in f]
+        maps_used.update(f.rsplit(" (", 1)[1][:-1] for f in jit)
+        gil_named += e["name"] == "S(GIL)" and any(f.startswith("py::spin:") for f in jit)
+    check(r.returncode == 0 and "perf map" not in r.stderr and len(maps_used) == 1 and gil_named > 5,
+          f"-X perf frames named from /tmp's perf map ({maps_used}, {gil_named} GIL waits in spin; {r.stderr[-300:]})")
+    for m in maps_used:  # the map the recorded python left
+        if os.path.exists(os.path.join("/tmp", m)):
+            os.remove(os.path.join("/tmp", m))
+
     # Not root: one sentence with the fix (setpriv drops to nobody)
     if subprocess.run(["which", "setpriv"], capture_output=True).returncode == 0:
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]

@@ -32,6 +32,7 @@ struct AnalysisOptions {
     std::unordered_set<int32_t> pids;
     std::string gil_evidence = "auto";  // auto | stacks | probes
     std::string symfs;
+    std::string perf_maps;      // directory of perf-PID.map files for JIT frames' names ("": none; perf_map.h)
     unsigned sleep_stacks = 0;
     // -j: threads. 1: everything on the calling thread. 2: a reader thread
     // and a trace-writing thread beside it. 3 and up, with --sleep-stacks:

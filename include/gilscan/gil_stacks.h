@@ -158,6 +158,8 @@ private:
     bool maps_python(const AddressSpace& as);
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);
+    bool names_jit_frames(const AddressSpace& as);
+    const std::string* jit_frame_json(const Frame& f);
     const std::string& name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout, const Frame& f,
                                      std::unordered_map<uint64_t, std::string>& shared,
                                      std::unordered_map<uint64_t, std::string>& local);
@@ -182,6 +184,12 @@ private:
     std::unordered_map<uint64_t, std::string>* local_map_ = nullptr;   // local_names_[layout] (shared cache only)
     std::unordered_map<uint64_t, std::string>* shared_map_ = nullptr;  // names_->names[layout]
     std::unordered_map<uint64_t, std::string> local_kernel_;                               // shared cache only
+    // Perf maps (JIT code's names): the map of each process met, and the
+    // frames named from it, by pid then pc; the sleep being named's map and pid.
+    std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> jit_maps_;
+    std::unordered_map<int32_t, std::unordered_map<uint64_t, std::string>> jit_names_;
+    const PerfMap* jit_map_ = nullptr;
+    int32_t jit_pid_ = 0;
 };
 
 }  // namespace gilscan
@@ -217,6 +225,8 @@ public:
     StackStats stats() const;
     // The problems of the binaries the workers met (missing, changed).
     std::vector<std::string> problems() const;
+    // Perf maps wanted and missing or damaged (perf_map.h), sorted.
+    std::vector<std::string> perf_map_problems() const;
 
 private:
     struct Job;

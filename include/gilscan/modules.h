@@ -25,6 +25,7 @@
 
 #include "gilscan/elf_file.h"
 #include "gilscan/gil_locator.h"
+#include "gilscan/perf_map.h"
 #include "gilscan/process_maps.h"
 
 namespace gilscan {
@@ -54,6 +55,7 @@ struct ModuleOptions {
     std::string symfs;                                   // root to look for recorded paths under
     std::map<std::string, std::string> build_ids;        // path -> hex build-id from the header
     std::string home_debug = "";                         // perf's cache (default ~/.debug)
+    std::string perf_maps;                               // where perf-PID.map files are ("": none; perf_map.h)
 };
 
 // Thread-safe: the -j workers share one cache, so each binary is opened,
@@ -66,6 +68,8 @@ public:
     // The module for a mapping, or nullptr (problem recorded once per path).
     const Module* get(const Mapping& m);
     std::vector<std::string> problems() const;
+    // The JIT code's symbols (perf maps), read once per process for every thread.
+    PerfMaps& perf_maps() { return perf_maps_; }
 
 private:
     std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
@@ -74,6 +78,7 @@ private:
     std::map<std::string, std::unique_ptr<Module>, std::less<>> by_id_;    // by build-id
     std::map<std::string, std::unique_ptr<Module>, std::less<>> by_path_;  // by path, when no build-id is known
     std::vector<std::string> problems_;
+    PerfMaps perf_maps_;
 };
 
 }  // namespace gilscan

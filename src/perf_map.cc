@@ -1,0 +1,120 @@
+#include "gilscan/perf_map.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <cstdio>
+
+namespace gilscan {
+
+namespace {
+
+// Hex digits at the front of s (an optional 0x first), consumed. False when
+// there are none, or more than 16 (a u64 cannot hold them).
+bool take_hex(std::string_view& s, uint64_t& out) {
+    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
+    size_t n = 0;
+    uint64_t v = 0;
+    for (; n < s.size(); ++n) {
+        const char c = s[n];
+        int d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else break;
+        if (n == 16) return false;
+        v = v << 4 | static_cast<uint64_t>(d);
+    }
+    if (n == 0) return false;
+    s.remove_prefix(n);
+    out = v;
+    return true;
+}
+
+bool take_space(std::string_view& s) {
+    if (s.empty() || s[0] != ' ') return false;
+    s.remove_prefix(1);
+    return true;
+}
+
+}  // namespace
+
+PerfMap PerfMap::parse(std::string_view text) {
+    PerfMap m;
+    while (!text.empty()) {
+        const size_t nl = text.find('\n');
+        std::string_view line = text.substr(0, nl);
+        text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+        if (line.empty()) continue;
+        PerfMapSymbol s;
+        // perf (util/symbol.c, dso__load_perf_map): START, one space, SIZE,
+        // one space, then the name to the end of the line.
+        if (!take_hex(line, s.start) || !take_space(line) || !take_hex(line, s.size) || !take_space(line) ||
+            line.empty() || s.size == 0 || s.start + s.size < s.start) {
+            ++m.skipped_;
+            continue;
+        }
+        s.name.assign(line);
+        m.symbols_.push_back(std::move(s));
+    }
+    // Stable: equal starts stay in file order, so the last written is last.
+    std::stable_sort(m.symbols_.begin(), m.symbols_.end(),
+                     [](const PerfMapSymbol& a, const PerfMapSymbol& b) { return a.start < b.start; });
+    return m;
+}
+
+const PerfMapSymbol* PerfMap::find(uint64_t pc) const {
+    auto it = std::upper_bound(symbols_.begin(), symbols_.end(), pc,
+                               [](uint64_t v, const PerfMapSymbol& s) { return v < s.start; });
+    if (it == symbols_.begin()) return nullptr;
+    --it;
+    return pc - it->start < it->size ? &*it : nullptr;
+}
+
+bool is_jit_mapping(std::string_view path) {
+    // perf 6.1's is_anon_memory() and is_no_dso_memory() (util/map.c): the
+    // mappings map__new names /tmp/perf-PID.map instead, when executable.
+    auto starts = [path](std::string_view p) { return path.substr(0, p.size()) == p; };
+    return path == "//anon" || starts("/dev/zero") || starts("/anon_hugepage") || starts("[anon:") ||
+           starts("[stack") || starts("/SYSV") || path == "[heap]";
+}
+
+std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& slot = by_pid_[pid];
+    if (slot) return slot;
+    auto map = std::make_shared<PerfMap>();
+    if (!dir_.empty() && pid > 0) {
+        const std::string path = dir_ + "/perf-" + std::to_string(pid) + ".map";
+        std::FILE* f = std::fopen(path.c_str(), "rb");
+        if (!f) {
+            problems_.push_back("no perf map " + path + " (" + std::strerror(errno) + "): process " +
+                                std::to_string(pid) +
+                                "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed");
+        } else {
+            std::string text;
+            char buf[1 << 16];
+            for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+            const bool failed = std::ferror(f);
+            std::fclose(f);
+            *map = PerfMap::parse(text);
+            if (failed)
+                problems_.push_back(path + ": read error: the perf map may be incomplete");
+            if (map->skipped_lines())
+                problems_.push_back(path + ": " + std::to_string(map->skipped_lines()) +
+                                    " lines are not \"START SIZE NAME\" and were skipped");
+        }
+    }
+    slot = std::move(map);
+    return slot;
+}
+
+std::vector<std::string> PerfMaps::problems() const {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::string> out = problems_;
+    std::sort(out.begin(), out.end());  // -j threads read maps in any order
+    return out;
+}
+
+}  // namespace gilscan

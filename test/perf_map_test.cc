@@ -1,0 +1,219 @@
+// Perf maps (/tmp/perf-PID.map): the parser and lookup, the per-pid reader,
+// and JIT frames named in sleep stacks on a -X perf recording, checked
+// against what `perf script` named there while the map was in /tmp
+// (testdata/stacks_py312_perfmap.jit.json, testdata/record_stacks.sh).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "gilscan/perf_map.h"
+#include "perf_writer.h"
+#include "test_util.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+namespace fs = std::filesystem;
+
+TEST_CASE("a perf map line is START SIZE NAME in hex, the name to the end of the line; others are skipped") {
+    const PerfMap m = PerfMap::parse(
+        "7f0000001000 b py::spin:/w/workload.py\n"
+        "0x7f0000002000 0x10 py::with spaces:<frozen importlib._bootstrap>\r\n"
+        "\n"
+        "7F0000003000 20 UPPER\n"
+        "7f0000004000 b\n"                      // no name
+        "7f0000005000 0 zero-size\n"            // nothing covered
+        "zz 10 not hex\n"
+        "7f0000006000  10 two spaces\n"         // perf's format has one
+        "11112222333344445 10 seventeen digits\n"
+        "ffffffffffffff00 200 wraps\n"          // start + size past 2^64
+        "7f0000007000 10 no newline at the end");
+    CHECK(m.size() == 4);
+    CHECK(m.skipped_lines() == 6);
+    REQUIRE(m.find(0x7f0000001000));
+    CHECK(m.find(0x7f0000001000)->name == "py::spin:/w/workload.py");
+    CHECK(m.find(0x7f000000100a)->name == "py::spin:/w/workload.py");
+    CHECK_FALSE(m.find(0x7f000000100b));  // past its 0xb bytes
+    CHECK_FALSE(m.find(0x7f0000000fff));
+    REQUIRE(m.find(0x7f000000200f));
+    CHECK(m.find(0x7f000000200f)->name == "py::with spaces:<frozen importlib._bootstrap>");  // no \r
+    CHECK(m.find(0x7f000000301f)->name == "UPPER");
+    CHECK_FALSE(m.find(0x7f0000004000));
+    CHECK_FALSE(m.find(0x7f0000005000));
+    CHECK_FALSE(m.find(0x7f0000006000));
+    CHECK(m.find(0x7f0000007000)->name == "no newline at the end");
+    CHECK_FALSE(m.find(0));
+    CHECK_FALSE(m.find(~uint64_t{0}));
+    CHECK(PerfMap::parse("").size() == 0);
+}
+
+TEST_CASE("a pc is named by the symbol starting last at or below it; of equal starts, the line written last") {
+    const PerfMap m = PerfMap::parse(
+        "3000 10 later\n"
+        "1000 100 outer\n"
+        "1000 8 old\n"
+        "1000 8 new\n"
+        "1040 10 inner\n");
+    CHECK(m.find(0x1000)->name == "new");  // written after "old" and "outer" at the same start
+    CHECK(m.find(0x1007)->name == "new");
+    CHECK_FALSE(m.find(0x1008));           // "new" ends there; a nested range is not searched for
+    CHECK(m.find(0x1045)->name == "inner");
+    CHECK(m.find(0x3000)->name == "later");
+    CHECK_FALSE(m.find(0x2000));
+}
+
+TEST_CASE("only anonymous memory is named from a perf map, as perf does") {
+    for (const char* p : {"//anon", "/dev/zero (deleted)", "/anon_hugepage (deleted)", "[anon:jit]", "[heap]",
+                          "[stack]", "/SYSV00000000"})
+        CHECK_MESSAGE(is_jit_mapping(p), p);
+    for (const char* p : {"/usr/lib/x86_64-linux-gnu/libc.so.6", "[vdso]", "[uprobes]", "//anonymous", "", "/tmp/x",
+                          "[heapx]"})
+        CHECK_MESSAGE(!is_jit_mapping(p), p);
+}
+
+TEST_CASE("perf maps are read once per pid from the directory; a missing or damaged one is reported") {
+    TempDir dir("gilscan-perfmap");
+    std::ofstream(dir.path / "perf-5.map") << "1000 10 five\n";
+    std::ofstream(dir.path / "perf-7.map") << "1000 10 seven\nbad line\n2000 20 more\n";
+    PerfMaps maps(dir.path.string());
+    auto five = maps.of_pid(5);
+    REQUIRE(five);
+    CHECK(five->find(0x1000)->name == "five");
+    std::ofstream(dir.path / "perf-5.map") << "1000 10 rewritten\n";
+    CHECK(maps.of_pid(5) == five);  // not read again
+    CHECK(maps.of_pid(7)->size() == 2);
+    CHECK(maps.of_pid(6)->size() == 0);
+    CHECK(maps.of_pid(6)->size() == 0);
+    const auto problems = maps.problems();
+    REQUIRE(problems.size() == 2);  // each once, sorted
+    CHECK(problems[0] == dir.path.string() + "/perf-7.map: 1 lines are not \"START SIZE NAME\" and were skipped");
+    CHECK(problems[1].rfind("no perf map " + dir.path.string() + "/perf-6.map (No such file or directory): process 6's", 0) == 0);
+    PerfMaps none("");
+    CHECK(none.of_pid(5)->size() == 0);
+    CHECK(none.problems().empty());
+}
+
+namespace {
+
+// The JIT frames ("... (perf-PID.map)") of a sleep stack's text, without
+// their offsets: "py::spin:/w/workload.py+0x5 (perf-1.map)" -> "py::spin:/w/workload.py".
+std::vector<std::string> jit_names(std::string_view stack_json, std::string* map_seen = nullptr) {
+    std::vector<std::string> out;
+    if (stack_json.empty()) return out;
+    for (const auto& f : nlohmann::json::parse(stack_json)) {
+        const std::string s = f.get<std::string>();
+        const size_t at = s.rfind(" (perf-");
+        if (at == std::string::npos) continue;
+        if (map_seen) *map_seen = s.substr(at + 2, s.size() - at - 3);
+        out.push_back(s.substr(0, s.rfind("+0x", at)));
+    }
+    return out;
+}
+
+const std::string kPerfmap = std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.data";
+
+}  // namespace
+
+TEST_CASE("sleep stacks name -X perf trampolines as perf script does from the same perf map") {
+    std::map<std::pair<int32_t, uint64_t>, std::vector<std::string>> want;  // (tid, switch-out) -> perf script's
+    std::ifstream jf(std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.jit.json");
+    REQUIRE(jf.good());
+    for (const auto& s : nlohmann::json::parse(jf))
+        want[{s[0].get<int32_t>(), s[1].get<uint64_t>()}] = s[2].get<std::vector<std::string>>();
+    REQUIRE(want.size() >= 50);
+
+    for (const bool with_maps : {true, false}) {
+        CAPTURE(with_maps);
+        Session s(kPerfmap);
+        ProcessMaps maps;
+        ModuleOptions mo;
+        if (with_maps) mo.perf_maps = std::string(GILSCAN_TESTDATA) + "/perf-maps";
+        ModuleCache modules(mo);
+        GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
+        Collect sink;
+        Timeline tl(s, sink);
+        uint64_t sleeps = 0, same = 0, named = 0, gil_named = 0;
+        tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+            gsc.classify(smp, ev, ps, label);
+            if (ps.cls != StateClass::Sleeping || label.stack().empty()) return;
+            ++sleeps;
+            const auto mine = jit_names(label.stack());
+            auto it = want.find({smp.tid, smp.time});
+            const std::vector<std::string> theirs = it == want.end() ? std::vector<std::string>{} : it->second;
+            if (with_maps) {
+                same += mine == theirs;
+                named += !mine.empty();
+                gil_named += label.name == "S(GIL)" && !mine.empty();
+            } else {
+                same += mine.empty() && (theirs.empty() || label.stack().find("(anon)") != std::string::npos);
+            }
+        });
+        FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+        s.run(stages);
+        MESSAGE(sleeps << " sleep stacks, " << named << " with JIT frames named (" << gil_named << " S(GIL))");
+        CHECK(sleeps >= want.size());
+        CHECK(same == sleeps);  // with the map: perf script's names; without: "0x... (anon)" as before
+        if (with_maps) {
+            CHECK(named == want.size());
+            CHECK(gil_named >= 30);  // the point: which Python function waits for the GIL
+            CHECK(modules.perf_maps().problems().empty());
+        } else {
+            CHECK(modules.perf_maps().problems().empty());  // none asked for: nothing read, nothing reported
+        }
+    }
+}
+
+TEST_CASE("a stack through JIT code is another text in another process of the same layout and pcs") {
+    // A forked CPython's trampolines sit where its parent's did, for other
+    // functions: frames named from a perf map are the process's own. The
+    // same sleeps classified again as another pid's (a copy of the address
+    // space: same layout, same pcs), whose map names every function
+    // differently, must carry that map's names, not the first process's
+    // texts kept for the same pcs.
+    TempDir dir("gilscan-perfmap");
+    const std::string recorded = "perf-23131.map";  // stacks_py312_perfmap.data's python
+    fs::copy_file(fs::path(GILSCAN_TESTDATA) / "perf-maps" / recorded, dir.path / recorded);
+    {
+        std::ifstream in(dir.path / recorded);
+        std::ofstream out(dir.path / "perf-777.map");
+        for (std::string line; std::getline(in, line);) {
+            const size_t name = line.find(' ', line.find(' ') + 1) + 1;
+            out << line.substr(0, name) << "other::" << line.substr(name) << '\n';
+        }
+    }
+    Session s(kPerfmap);
+    ProcessMaps maps;
+    ModuleOptions mo;
+    mo.perf_maps = dir.path.string();
+    ModuleCache modules(mo);
+    GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
+    Collect sink;
+    Timeline tl(s, sink);
+    uint64_t jit = 0, other = 0;
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        gsc.classify(smp, ev, ps, label);
+        if (ps.cls != StateClass::Sleeping) return;
+        std::string map_seen;
+        const auto mine = jit_names(label.stack(), &map_seen);
+        if (mine.empty()) return;
+        ++jit;
+        CHECK(map_seen == recorded);
+        AddressSpace copy = *maps.space(smp.pid);
+        copy.pid = 777;
+        SleepLabel again;
+        gsc.classify_into(&copy, smp, again);
+        std::string again_map;
+        const auto names = jit_names(again.stack(), &again_map);
+        bool all_other = names.size() == mine.size() && again_map == "perf-777.map";
+        for (size_t i = 0; all_other && i < names.size(); ++i) all_other = names[i] == "other::" + mine[i];
+        other += all_other;
+        CHECK(again.name == label.name);
+    });
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+    s.run(stages);
+    CHECK(jit >= 50);
+    CHECK(other == jit);
+}
