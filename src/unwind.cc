@@ -341,12 +341,14 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
         const uint64_t pc = initial ? regs[CfiRule::kRa] : regs[CfiRule::kRa] - 1;
         const CfiRule& rule = sp.rules.at(sp.dwfl, pc);
         if (rule.no_module) {
-            // No module here (a return address read from a stack that is not
-            // all a frame chain: 82% of the sleep stacks recorded on this
-            // project's machines end in one): libdw has no CFI and takes
-            // elfutils' x86_64_unwind step by the frame pointer (0.188,
-            // backends/x86_64_unwind.c), which is this. It used to be libdw's
-            // whole restart, 2,600 instructions a stack.
+            // No module here: JIT code (Python's -X perf trampolines), or a
+            // return address that is no code of the process's files (the
+            // kernel's uretprobe trampoline in [uprobes], where a take_gil
+            // return uprobe was active: 82% of the sleep stacks recorded
+            // beside this project's ground-truth uprobes end in one). libdw
+            // has no CFI and takes elfutils' x86_64_unwind step by the frame
+            // pointer (0.188, backends/x86_64_unwind.c), which is this. It
+            // used to be libdw's whole restart, 2,600 instructions a stack.
             ++fast_frames_;
             ++fp_frames_;
             if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;

@@ -2,8 +2,9 @@
 // alone: on every sample with a user stack in the real recordings of
 // testdata/, both give the same frames (pc, module, link-time address) and
 // the same status, to 64 frames. The fast path must also be what does the
-// work: frames outside every module (a garbage return address, -X perf
-// trampolines in anonymous memory) it steps by the frame pointer as libdw
+// work: frames outside every module (the kernel's uretprobe trampoline,
+// which a take_gil return uprobe puts in place of take_gil's return address,
+// -X perf trampolines in anonymous memory) it steps by the frame pointer as libdw
 // does; what its rules cannot describe (DWARF expressions, signal frames)
 // goes to libdw.
 #include <doctest/doctest.h>
@@ -59,8 +60,9 @@ struct Compare final : EventSink {
 TEST_CASE("fast CFI-rule unwinding gives libdw's frames on every real recording") {
     const fs::path dir = GILSCAN_TESTDATA;
     uint64_t fast_frames = 0, libdw_frames = 0, fp_frames = 0;
-    for (std::string name : {"stacks_py39", "stacks_py311", "stacks_py312", "stacks_py312_xperf", "stacks_py313",
-                             "stacks_shim", "stacks_pipe", "stacks_zstd", "stacks_debian", "mixed_callgraph"}) {
+    for (std::string name : {"stacks_py39", "stacks_py311", "stacks_py312", "stacks_py312_xperf",
+                             "stacks_py312_perfmap", "stacks_py313", "stacks_shim", "stacks_pipe", "stacks_zstd",
+                             "stacks_debian", "mixed_callgraph"}) {
         CAPTURE(name);
         Session session((dir / (name + ".data")).string());
         ProcessMaps maps;
@@ -79,7 +81,7 @@ TEST_CASE("fast CFI-rule unwinding gives libdw's frames on every real recording"
     }
     // The rules describe nearly every frame of CPython and glibc code, and
     // the frame-pointer step the frames outside any module (most of these
-    // stacks end in a garbage return address after take_gil); libdw takes
+    // stacks end in the uretprobe trampoline after take_gil); libdw takes
     // only the rest.
     CHECK(fast_frames > 5 * libdw_frames);
     // ... and the frame-pointer step was compared with libdw's many times.
