@@ -113,7 +113,28 @@ std::vector<std::string> jit_names(std::string_view stack_json, std::string* map
     return out;
 }
 
-const std::string kPerfmap = std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.data";
+// stacks_py312_perfmap.data through a classifier naming 64 user frames,
+// JIT frames from perf_maps ("": none); `each` sees every sleep's label
+// with the classifier and the maps of the moment. Returns the module cache's
+// perf map problems.
+template <class F>
+std::vector<std::string> classify_perfmap_sleeps(const std::string& perf_maps, F&& each) {
+    Session s(std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.data");
+    ProcessMaps maps;
+    ModuleOptions mo;
+    mo.perf_maps = perf_maps;
+    ModuleCache modules(mo);
+    GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
+    Collect sink;
+    Timeline tl(s, sink);
+    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+        gsc.classify(smp, ev, ps, label);
+        if (ps.cls == StateClass::Sleeping) each(smp, label, gsc, maps);
+    });
+    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
+    s.run(stages);
+    return modules.perf_maps().problems();
+}
 
 }  // namespace
 
@@ -127,41 +148,31 @@ TEST_CASE("sleep stacks name -X perf trampolines as perf script does from the sa
 
     for (const bool with_maps : {true, false}) {
         CAPTURE(with_maps);
-        Session s(kPerfmap);
-        ProcessMaps maps;
-        ModuleOptions mo;
-        if (with_maps) mo.perf_maps = std::string(GILSCAN_TESTDATA) + "/perf-maps";
-        ModuleCache modules(mo);
-        GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
-        Collect sink;
-        Timeline tl(s, sink);
         uint64_t sleeps = 0, same = 0, named = 0, gil_named = 0;
-        tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
-            gsc.classify(smp, ev, ps, label);
-            if (ps.cls != StateClass::Sleeping || label.stack().empty()) return;
-            ++sleeps;
-            const auto mine = jit_names(label.stack());
-            auto it = want.find({smp.tid, smp.time});
-            const std::vector<std::string> theirs = it == want.end() ? std::vector<std::string>{} : it->second;
-            if (with_maps) {
-                same += mine == theirs;
-                named += !mine.empty();
-                gil_named += label.name == "S(GIL)" && !mine.empty();
-            } else {
-                same += mine.empty() && (theirs.empty() || label.stack().find("(anon)") != std::string::npos);
-            }
-        });
-        FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
-        s.run(stages);
+        const auto problems = classify_perfmap_sleeps(
+            with_maps ? std::string(GILSCAN_TESTDATA) + "/perf-maps" : std::string(),
+            [&](const Sample& smp, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+                if (label.stack().empty()) return;
+                ++sleeps;
+                const auto mine = jit_names(label.stack());
+                auto it = want.find({smp.tid, smp.time});
+                const std::vector<std::string> theirs = it == want.end() ? std::vector<std::string>{} : it->second;
+                if (with_maps) {
+                    same += mine == theirs;
+                    named += !mine.empty();
+                    gil_named += label.name == "S(GIL)" && !mine.empty();
+                } else {
+                    same += mine.empty() && (theirs.empty() || label.stack().find("(anon)") != std::string::npos);
+                }
+            });
         MESSAGE(sleeps << " sleep stacks, " << named << " with JIT frames named (" << gil_named << " S(GIL))");
         CHECK(sleeps >= want.size());
         CHECK(same == sleeps);  // with the map: perf script's names; without: "0x... (anon)" as before
+        // Without a directory nothing is read or reported.
+        CHECK(problems.empty());
         if (with_maps) {
             CHECK(named == want.size());
             CHECK(gil_named >= 30);  // the point: which Python function waits for the GIL
-            CHECK(modules.perf_maps().problems().empty());
-        } else {
-            CHECK(modules.perf_maps().problems().empty());  // none asked for: nothing read, nothing reported
         }
     }
 }
@@ -184,18 +195,9 @@ TEST_CASE("a stack through JIT code is another text in another process of the sa
             out << line.substr(0, name) << "other::" << line.substr(name) << '\n';
         }
     }
-    Session s(kPerfmap);
-    ProcessMaps maps;
-    ModuleOptions mo;
-    mo.perf_maps = dir.path.string();
-    ModuleCache modules(mo);
-    GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
-    Collect sink;
-    Timeline tl(s, sink);
     uint64_t jit = 0, other = 0;
-    tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
-        gsc.classify(smp, ev, ps, label);
-        if (ps.cls != StateClass::Sleeping) return;
+    classify_perfmap_sleeps(dir.path.string(), [&](const Sample& smp, const SleepLabel& label,
+                                                   GilStackClassifier& gsc, const ProcessMaps& maps) {
         std::string map_seen;
         const auto mine = jit_names(label.stack(), &map_seen);
         if (mine.empty()) return;
@@ -212,8 +214,6 @@ TEST_CASE("a stack through JIT code is another text in another process of the sa
         other += all_other;
         CHECK(again.name == label.name);
     });
-    FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
-    s.run(stages);
     CHECK(jit >= 50);
     CHECK(other == jit);
 }
