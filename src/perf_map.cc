@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 
 namespace gilscan {
 
@@ -89,9 +89,9 @@ std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
         const std::string path = dir_ + "/perf-" + std::to_string(pid) + ".map";
         std::FILE* f = std::fopen(path.c_str(), "rb");
         if (!f) {
-            problems_.push_back("no perf map " + path + " (" + std::strerror(errno) + "): process " +
-                                std::to_string(pid) +
-                                "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed");
+            missing_[pid] = "no perf map " + path + " (" + std::strerror(errno) + "): process " +
+                            std::to_string(pid) +
+                            "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
         } else {
             std::string text;
             char buf[1 << 16];
@@ -103,7 +103,8 @@ std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
                 problems_.push_back(path + ": read error: the perf map may be incomplete");
             if (map->skipped_lines())
                 problems_.push_back(path + ": " + std::to_string(map->skipped_lines()) +
-                                    " lines are not \"START SIZE NAME\" and were skipped");
+                                    (map->skipped_lines() == 1 ? " line is not \"START SIZE NAME\" and was skipped"
+                                                               : " lines are not \"START SIZE NAME\" and were skipped"));
         }
     }
     slot = std::move(map);
@@ -114,6 +115,17 @@ std::vector<std::string> PerfMaps::problems() const {
     std::lock_guard<std::mutex> l(mu_);
     std::vector<std::string> out = problems_;
     std::sort(out.begin(), out.end());  // -j threads read maps in any order
+    // A pool of forked workers recorded here and analysed elsewhere misses
+    // a map per process: the first few by pid, then how many more.
+    size_t shown = 0;
+    for (const auto& [pid, line] : missing_) {
+        if (shown++ == kMissingShown) {
+            out.push_back("and " + std::to_string(missing_.size() - kMissingShown) + " more processes with no perf map in " +
+                          dir_ + ": their frames in anonymous memory stay unnamed");
+            break;
+        }
+        out.push_back(line);
+    }
     return out;
 }
 

@@ -89,11 +89,30 @@ TEST_CASE("perf maps are read once per pid from the directory; a missing or dama
     CHECK(maps.of_pid(6)->size() == 0);
     const auto problems = maps.problems();
     REQUIRE(problems.size() == 2);  // each once, sorted
-    CHECK(problems[0] == dir.path.string() + "/perf-7.map: 1 lines are not \"START SIZE NAME\" and were skipped");
+    CHECK(problems[0] == dir.path.string() + "/perf-7.map: 1 line is not \"START SIZE NAME\" and was skipped");
     CHECK(problems[1].rfind("no perf map " + dir.path.string() + "/perf-6.map (No such file or directory): process 6's", 0) == 0);
     PerfMaps none("");
     CHECK(none.of_pid(5)->size() == 0);
     CHECK(none.problems().empty());
+}
+
+TEST_CASE("missing perf maps: the first few by pid, then how many more") {
+    TempDir dir("gilscan-perfmap");
+    std::ofstream(dir.path / "perf-3.map") << "1000 10 three\nnot a line\nnor this\n";
+    PerfMaps maps(dir.path.string());
+    const size_t missing = PerfMaps::kMissingShown + 3;
+    for (int32_t pid = static_cast<int32_t>(missing) + 3; pid >= 4; --pid) CHECK(maps.of_pid(pid * 10)->size() == 0);
+    CHECK(maps.of_pid(3)->size() == 1);
+    const auto problems = maps.problems();
+    REQUIRE(problems.size() == 1 + PerfMaps::kMissingShown + 1);
+    CHECK(problems[0] == dir.path.string() + "/perf-3.map: 2 lines are not \"START SIZE NAME\" and were skipped");
+    for (size_t i = 0; i < PerfMaps::kMissingShown; ++i)  // the lowest pids, in order
+        CHECK(problems[1 + i].find("/perf-" + std::to_string((i + 4) * 10) + ".map (") != std::string::npos);
+    CHECK(problems.back() == "and 3 more processes with no perf map in " + dir.path.string() +
+                                 ": their frames in anonymous memory stay unnamed");
+    PerfMaps few(dir.path.string());
+    for (int32_t pid = 1; pid <= static_cast<int32_t>(PerfMaps::kMissingShown); ++pid) few.of_pid(pid + 100);
+    CHECK(few.problems().size() == PerfMaps::kMissingShown);  // all shown: no "more" line
 }
 
 namespace {

@@ -108,6 +108,44 @@ with tempfile.TemporaryDirectory() as tmp:
         if os.path.exists(os.path.join("/tmp", m)):
             os.remove(os.path.join("/tmp", m))
 
+    # A forked pool under -X perf: each worker writes its own map, its
+    # trampolines where its parent's were. Every sleep's JIT frames must be
+    # the ones perf script names (stack_truth.jit_frames), process by process.
+    from stack_truth import jit_frames  # noqa: E402
+    pool = os.path.join(tmp, "pool.py")
+    open(pool, "w").write(
+        "import multiprocessing as mp, threading, time\n"
+        "def spin(i):\n"
+        "    t = time.monotonic() + 0.05\n"
+        "    while time.monotonic() < t:\n"
+        "        sum(range(1000))\n"
+        "def work(i):\n"
+        "    ts = [threading.Thread(target=spin, args=(i,)) for _ in range(3)]\n"
+        "    [t.start() for t in ts]\n"
+        "    [t.join() for t in ts]\n"
+        "    return i\n"
+        "if __name__ == '__main__':\n"
+        "    mp.set_start_method('fork')\n"
+        "    with mp.Pool(3) as p:\n"
+        "        print(sum(p.map(work, range(6))))\n")
+    r = subprocess.run([GILSCAN, "record", "-q", "--state", "--stacks", "--no-analyse", "-o", data, "--",
+                        "/root/.pyenv/versions/3.12.1/bin/python3", "-X", "perf", pool], capture_output=True, text=True)
+    check(r.returncode == 0, f"record a -X perf multiprocessing pool ({r.stderr[-300:]})")
+    want = {(t, ns): names for t, ns, names in jit_frames(data)}
+    r = subprocess.run([GILSCAN, data, "-q", "--sleep-stacks", "64", "-o", trace], capture_output=True, text=True)
+    mine, maps_used = {}, set()
+    for e in json.load(open(trace))["traceEvents"] if r.returncode == 0 else []:
+        jit = [f for f in e.get("args", {}).get("stack", []) if " (perf-" in f]
+        if jit:
+            mine[(e["tid"], round(e["ts"] * 1000))] = [f.rsplit("+0x", 1)[0] for f in jit]
+            maps_used.update(f.rsplit(" (", 1)[1][:-1] for f in jit)
+    check(r.returncode == 0 and len(maps_used) >= 3 and len(want) > 20 and mine == want,
+          f"a pool's JIT frames named from each process's own map as perf script names them "
+          f"({len(maps_used)} maps, {len(want)} sleeps, {sum(mine.get(k) == v for k, v in want.items())} the same)")
+    for m in maps_used:
+        if os.path.exists(os.path.join("/tmp", m)):
+            os.remove(os.path.join("/tmp", m))
+
     # Not root: one sentence with the fix (setpriv drops to nobody)
     if subprocess.run(["which", "setpriv"], capture_output=True).returncode == 0:
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,9 +73,11 @@ public:
     explicit PerfMaps(std::string dir) : dir_(std::move(dir)) {}
     // The map of a process, read on first use (an empty map when there is none).
     std::shared_ptr<const PerfMap> of_pid(int32_t pid);
-    // One line per map that was wanted and missing, unreadable or had
-    // skipped lines.
+    // One line per map that was wanted and unreadable or had skipped
+    // lines, then per missing map, by pid: past kMissingShown of those, one
+    // line says how many more.
     std::vector<std::string> problems() const;
+    static constexpr size_t kMissingShown = 4;
     const std::string& dir() const { return dir_; }
 
 private:
@@ -82,6 +85,7 @@ private:
     mutable std::mutex mu_;
     std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> by_pid_;
     std::vector<std::string> problems_;
+    std::map<int32_t, std::string> missing_;  // pid -> its line
 };
 
 }  // namespace gilscan
