@@ -127,12 +127,20 @@ void GilStackClassifier::maps_for(uint64_t layout) {
     maps_layout_ = layout;
 }
 
+namespace {
+// A frame in anonymous executable memory, no file's: what perf names from
+// the process's perf map (perf_map.h).
+bool in_jit_code(const Frame& f) {
+    return !f.module && f.mapping && f.mapping->exec && is_jit_mapping(f.mapping->path);
+}
+}  // namespace
+
 // A frame in a process's JIT code named by its perf map: the process's own
 // names, so cached by pc per pid (jit_pid_), not per layout (a forked
 // child's trampolines sit where its parent's did, for other functions).
 // nullptr when the map does not cover the pc: it is named as any other.
 const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
-    if (!jit_map_ || !f.mapping || f.module || !f.mapping->exec || !is_jit_mapping(f.mapping->path)) return nullptr;
+    if (!jit_map_ || !in_jit_code(f)) return nullptr;
     auto& names = jit_names_[jit_pid_];
     auto it = names.find(f.pc);
     if (it != names.end()) return &it->second;
@@ -144,16 +152,16 @@ const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
 }
 
 // Whether the sleep's user frames run through JIT code its process's perf
-// map names; sets jit_map_ and jit_pid_ for jit_frame_json. The map is read
-// at the first such frame of a process, whichever thread meets it: every
-// stack with one is named or found by a key that holds the pid, so the
-// same maps are read (and the same problems reported) at any -j.
+// map names; sets jit_map_ and jit_pid_ for jit_frame_json. Called for
+// every sleep stack before its text is looked up, so a process's map is
+// read at its first sleep through JIT code whichever thread meets it, kept
+// text or not: the same maps are read (and the same problems reported) at
+// any -j.
 bool GilStackClassifier::names_jit_frames(const AddressSpace& as) {
     jit_map_ = nullptr;
-    bool jit = false;
-    for (const Frame& f : frames_)
-        jit |= !f.module && f.mapping->exec && is_jit_mapping(f.mapping->path);
-    if (!jit || modules_.perf_maps().dir().empty()) return false;
+    if (modules_.perf_maps().dir().empty() ||
+        std::none_of(frames_.begin(), frames_.end(), [](const Frame& f) { return in_jit_code(f); }))
+        return false;
     auto& m = jit_maps_[as.pid];
     if (!m) m = modules_.perf_maps().of_pid(as.pid);
     if (m->size() == 0) return false;
