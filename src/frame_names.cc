@@ -7,7 +7,7 @@
 #include "gilscan/unwind.h"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -18,6 +18,38 @@
 #include <gelf.h>
 
 namespace gilscan {
+
+namespace {
+
+void append_hex(std::string& out, uint64_t v) {
+    char buf[20];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v, 16);
+    out += "0x";
+    out.append(buf, r.ptr);
+}
+
+}  // namespace
+
+std::string frame_text(std::string_view name, uint64_t offset, std::string_view module) {
+    std::string out;
+    out.reserve(name.size() + module.size() + 24);
+    out += name;
+    out += '+';
+    append_hex(out, offset);
+    out += " (";
+    out += module;
+    out += ')';
+    return out;
+}
+
+std::string unnamed_frame_text(uint64_t pc, std::string_view module) {
+    std::string out;
+    append_hex(out, pc);
+    out += " (";
+    out += module;
+    out += ')';
+    return out;
+}
 
 namespace {
 
@@ -36,9 +68,7 @@ std::vector<std::string> describe_with(const Frame& f, InlineNames&& inline_name
         });
         uint64_t off = 0;
         if (const char* name = symbol(m, f.pc, off)) {
-            char buf[64];
-            std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(off));
-            out.push_back(std::string(symbol_base_name(name)) + buf + mod + ")");
+            out.push_back(frame_text(symbol_base_name(name), off, mod));
             return out;
         }
     }
@@ -46,15 +76,11 @@ std::vector<std::string> describe_with(const Frame& f, InlineNames&& inline_name
         for (const auto* ranges : {&f.module->take, &f.module->drop})
             for (const auto& r : *ranges)
                 if (f.vaddr >= r.begin && f.vaddr < r.end) {
-                    char buf[64];
-                    std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(f.vaddr - r.begin));
-                    out.push_back(std::string(symbol_base_name(r.name)) + buf + mod + ")");
+                    out.push_back(frame_text(symbol_base_name(r.name), f.vaddr - r.begin, mod));
                     return out;
                 }
     }
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "0x%llx (", static_cast<unsigned long long>(f.pc));
-    out.push_back(buf + mod + ")");
+    out.push_back(unnamed_frame_text(f.pc, mod));
     return out;
 }
 

@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -19,6 +18,7 @@
 #include <unistd.h>
 
 #include "gilscan/byte_buffer.h"
+#include "gilscan/frame_names.h"
 #include "gilscan/perf_map.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/trace_writer.h"
@@ -146,9 +146,8 @@ const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
     if (it != names.end()) return &it->second;
     const PerfMapSymbol* sym = jit_map_->find(f.pc);
     if (!sym) return nullptr;
-    char off[32];
-    std::snprintf(off, sizeof off, "+0x%llx (perf-", static_cast<unsigned long long>(f.pc - sym->start));
-    return &names.emplace(f.pc, names_json({sym->name + off + std::to_string(jit_pid_) + ".map)"})).first->second;
+    const std::string map = "perf-" + std::to_string(jit_pid_) + ".map";
+    return &names.emplace(f.pc, names_json({frame_text(sym->name, f.pc - sym->start, map)})).first->second;
 }
 
 // Whether the sleep's user frames run through JIT code its process's perf

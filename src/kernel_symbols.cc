@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 #include <fcntl.h>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "gilscan/cursor.h"
+#include "gilscan/frame_names.h"
 
 namespace gilscan {
 
@@ -195,13 +195,10 @@ void KernelSymbols::parse_modules(std::string_view text) {
 }
 
 std::string KernelSymbols::unnamed(uint64_t addr, std::string_view where) const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "0x%llx (", static_cast<unsigned long long>(addr));
-    return buf + std::string(where) + ")";
+    return unnamed_frame_text(addr, where);
 }
 
 std::string KernelSymbols::name(uint64_t addr) const {
-    char buf[64];
     // The last symbol at or below addr; of several at that address, the
     // greatest name (an order that does not depend on how they are listed).
     auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
@@ -221,12 +218,7 @@ std::string KernelSymbols::name(uint64_t addr) const {
         const size_t close = text.find(']', after + 2);
         if (close != std::string_view::npos && close < text.find('\n', after)) where = text.substr(after + 1, close - after);
     }
-    std::snprintf(buf, sizeof buf, "+0x%llx (", static_cast<unsigned long long>(addr - it->addr));
-    std::string out(best);
-    out += buf;
-    out += where;
-    out += ')';
-    return out;
+    return frame_text(best, addr - it->addr, where);
 }
 
 std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {

@@ -123,6 +123,16 @@ void check_symbols(const std::string& path, size_t min_symbols) {
 
 }  // namespace
 
+TEST_CASE("frame names: one text for every namer, perf script's \"name+0xOFF (module)\"") {
+    CHECK(frame_text("take_gil", 0xbe, "libpython3.11.so.1.0") == "take_gil+0xbe (libpython3.11.so.1.0)");
+    CHECK(frame_text("schedule", 0, "[kernel]") == "schedule+0x0 ([kernel])");
+    CHECK(frame_text("py::spin:/app/w.py", 0x5, "perf-23131.map") == "py::spin:/app/w.py+0x5 (perf-23131.map)");
+    CHECK(frame_text("f", UINT64_MAX, "m") == "f+0xffffffffffffffff (m)");
+    CHECK(frame_text("", 0x10, "") == "+0x10 ()");
+    CHECK(unnamed_frame_text(0x7fffffffe000, "[uprobes]") == "0x7fffffffe000 ([uprobes])");
+    CHECK(unnamed_frame_text(0, "?") == "0x0 (?)");
+}
+
 TEST_CASE("frame names: the symbol for an address is libdw's, in pyenv's libpython3.11 (.symtab, locals and globals)") {
     check_symbols("/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0", 10000);
 }

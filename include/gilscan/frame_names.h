@@ -5,6 +5,7 @@
 //   FrameNamer names;                          // one per set of Dwfls (a DwarfUnwinder's)
 //   std::vector<std::string> text = names.describe(frame);  // frame.dwfl: one of those Dwfls
 //   describe_frame(frame)                       // the same text, from libdw's lookups alone
+//   frame_text("take_gil", 0xbe, "libpython3.11.so.1.0")  // "take_gil+0xbe (libpython3.11.so.1.0)"
 //
 // Why not libdw's lookups alone: dwfl_module_addrinfo searches the whole
 // symbol table for every address (about 2 million instructions for
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -35,6 +37,12 @@ struct Dwfl_Module;
 namespace gilscan {
 
 struct Frame;
+
+// A frame's text as perf script prints it, one format for every namer
+// (libdw's symbols, the GIL extents, kernel symbols, perf maps):
+// "name+0xOFF (module)", and "0xPC (module)" where nothing names pc.
+std::string frame_text(std::string_view name, uint64_t offset, std::string_view module);
+std::string unnamed_frame_text(uint64_t pc, std::string_view module);
 
 // From libdw's lookups alone: dwfl_module_addrinfo, dwarf_getscopes.
 std::vector<std::string> describe_frame(const Frame& f);
