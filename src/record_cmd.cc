@@ -144,6 +144,15 @@ RecordResult record_main(int argc, char** argv) {
         if (!r.quiet) {
             std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), group.c_str());
             for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
+            // A uretprobe swaps the probed function's return address for the
+            // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
+            // stack then ends at take_gil, and whatever called it (with
+            // python3 -X perf, the Python function that waits) is lost.
+            if (stacks)
+                std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
+                           "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
+                           "for Python functions)\n",
+                           stderr);
         }
     }
     std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);

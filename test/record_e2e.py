@@ -68,9 +68,13 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # Sleep stacks' kernel frames, named when the recording's kernel (its
     # build-id, as perf recorded it) is this machine's: named alike at every -j.
-    r = subprocess.run([GILSCAN, "record", "-q", "--stacks", "--no-analyse", "-o", data, "--",
+    r = subprocess.run([GILSCAN, "record", "--stacks", "--no-analyse", "-o", data, "--",
                         "/root/.pyenv/versions/3.11.7/bin/python3", WORKLOAD, "0.1"], capture_output=True, text=True)
     check(r.returncode == 0, f"record --stacks ({r.stderr[-300:]})")
+    # --stacks with the GIL probes (the default): the note on what take_gil's
+    # return probe does to the stacks, with the way around it.
+    check("take_gil's return probe ends GIL waits' stacks" in r.stderr and "--state --stacks" in r.stderr,
+          f"record --stacks notes the return probe's truncation ({r.stderr[-400:]})")
     kernel_traces = []
     for j in (1, 2, 3):
         kt = os.path.join(tmp, f"k{j}.json")
@@ -91,10 +95,11 @@ with tempfile.TemporaryDirectory() as tmp:
     # writes to /tmp, where gilscan looks by default (as perf does). No GIL
     # uprobes (--state --stacks): take_gil's return probe would end the GIL
     # waits' stacks before the trampolines.
-    r = subprocess.run([GILSCAN, "record", "-q", "--state", "--stacks", "--no-analyse", "-o", data, "--",
+    r = subprocess.run([GILSCAN, "record", "--state", "--stacks", "--no-analyse", "-o", data, "--",
                         "/root/.pyenv/versions/3.12.1/bin/python3", "-X", "perf", WORKLOAD, "0.1"],
                        capture_output=True, text=True)
     check(r.returncode == 0, f"record --state --stacks -- python3.12 -X perf ({r.stderr[-300:]})")
+    check("return probe" not in r.stderr, f"no return-probe note without --gil ({r.stderr[-300:]})")
     r = subprocess.run([GILSCAN, data, "-q", "--sleep-stacks", "16", "-o", trace], capture_output=True, text=True)
     maps_used = set()
     gil_named = 0
