@@ -116,6 +116,12 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // them (SleepLabel::text), as its own do.
     if (ahead) ahead->set_text(timeline.spans_wanted());
     if (parallel) parallel->set_text(timeline.spans_wanted());
+    if (opt.gil_functions) {
+        stacks.set_gil_functions(true);
+        if (ahead) ahead->set_gil_functions(true);
+        if (parallel) parallel->set_gil_functions(true);
+        timeline.set_gil_functions(true);
+    }
     auto by_probes = gil_probe_classifier(gil);
     // Called at every switch-out into S or D: nothing here allocates.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
@@ -174,6 +180,25 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
             t.gil_sleep_ns = t.st.gil_sleep_ns;
             t.gil_sleep_count = t.st.gil_sleep_count;
         }
+    }
+    if (opt.gil_functions) {
+        summary.gil_functions_known = true;
+        for (auto& f : timeline.gil_functions())
+            if (opt.pids.empty() || opt.pids.count(f.tgid)) summary.gil_functions.push_back(std::move(f));
+        std::stable_sort(summary.gil_functions.begin(), summary.gil_functions.end(),
+                         [](const GilFunctionStats& a, const GilFunctionStats& b) { return a.sleep_ns > b.sleep_ns; });
+        if (evidence_used != "stacks")
+            summary.warnings.push_back(
+                "--gil-functions: no GIL waits were found from stacks" +
+                std::string(evidence_used == "uprobes" ? " (sleeps were classified by the GIL uprobes; "
+                                                         "--gil-evidence stacks reads the stacks)"
+                                                       : "") +
+                "; record --call-graph dwarf without take_gil return uprobes, python3 -X perf (3.12+)");
+        else if (!summary.gil_functions.empty() && std::none_of(summary.gil_functions.begin(), summary.gil_functions.end(),
+                              [](const GilFunctionStats& f) { return !f.function.empty(); }))
+            summary.warnings.push_back(
+                "--gil-functions: no GIL wait's stack reached a Python function named by a perf map (python3 -X "
+                "perf, 3.12+, writes them to /tmp/perf-PID.map; take_gil return uprobes end the stacks early)");
     }
     if (timeline.decoder().field_errors())
         summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +

@@ -161,12 +161,19 @@ bool GilStackClassifier::names_jit_frames(const AddressSpace& as) {
     if (modules_.perf_maps().dir().empty() ||
         std::none_of(frames_.begin(), frames_.end(), [](const Frame& f) { return in_jit_code(f); }))
         return false;
-    auto& m = jit_maps_[as.pid];
-    if (!m) m = modules_.perf_maps().of_pid(as.pid);
-    if (m->size() == 0) return false;
-    jit_map_ = m.get();
+    const PerfMap& m = jit_map(as.pid);
+    if (m.size() == 0) return false;
+    jit_map_ = &m;
     jit_pid_ = as.pid;
     return true;
+}
+
+// The process's perf map, read at the first of its frames in JIT code (an
+// empty map when there is none, or no directory).
+const PerfMap& GilStackClassifier::jit_map(int32_t pid) {
+    auto& m = jit_maps_[pid];
+    if (!m) m = modules_.perf_maps().of_pid(pid);
+    return *m;
 }
 
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
@@ -307,35 +314,57 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         }
     };
     frames_.clear();
+    // The frames a sleep's answer and stack come from.
     const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
-    const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
+    // --gil-functions: past a GIL wait's take_gil frame, its first frame in
+    // JIT code is the Python function that waits (a -X perf trampoline; on
+    // a CPython without frame pointers the unwind ends there anyway). It is
+    // looked for up to 64 frames deep even with fewer kept for the stack,
+    // which, like the answer, stays what it is without the option.
+    const unsigned max_seek = gil_functions_ ? std::max(max_frames, 64u) : max_frames;
+    bool seeking_function = false;
+    bool cut = false;  // the answer's frames ran out undecided, as the unwinder's max would have
     // The user frames are named after the unwind, and only for a stack not
     // seen before (StackTexts): the text is a function of the layout and the
     // frames' addresses.
+    const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
-        if (stack_frames_ && f.mapping) frames_.push_back(f);
-        if (decided || !f.module || !f.module->python) return FrameAction::Continue;
-        decided = true;
-        const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
-        // The evidence text only where it is read (label.text: a trace is
-        // written); a summary reads the answer alone, and building the text
-        // was 7% of a summary-only DWARF run's instructions.
-        if (const AddrRange* r = f.module->in_take(f.vaddr)) {
-            label.name = "S(GIL)";
-            if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
-            label.gil = true;
-            ++stats_.gil;
-        } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
-            label.name = "S(GIL handoff)";
-            if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
-            ++stats_.handoff;
+        if (stack_frames_ && f.mapping && f.depth < max_frames) frames_.push_back(f);
+        if (decided) {
+            if (seeking_function && in_jit_code(f)) {
+                seeking_function = false;
+                if (const PerfMapSymbol* sym = jit_map(as->pid).find(f.pc)) label.function = sym->name;
+            }
+            if (!stack_frames_ && !seeking_function) return FrameAction::Stop;
+        } else if (f.module && f.module->python) {
+            decided = true;
+            const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
+            // The evidence text only where it is read (label.text: a trace is
+            // written); a summary reads the answer alone, and building the text
+            // was 7% of a summary-only DWARF run's instructions.
+            if (const AddrRange* r = f.module->in_take(f.vaddr)) {
+                label.name = "S(GIL)";
+                if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
+                label.gil = true;
+                ++stats_.gil;
+            } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
+                label.name = "S(GIL handoff)";
+                if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
+                ++stats_.handoff;
+            }
+            seeking_function = gil_functions_ && label.gil;
+            // Without stacks and the function sought: the answer is all.
+            if (!stack_frames_ && !seeking_function) return FrameAction::Stop;
         }
-        return stack_frames_ ? FrameAction::Continue : FrameAction::Stop;  // with stacks: the whole stack
+        if (f.depth + 1 < max_frames || seeking_function) return FrameAction::Continue;
+        cut = !decided;
+        return FrameAction::Stop;
     };
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
-    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_frames);
+    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_seek);
+    if (cut) st = UnwindStatus::Complete;  // what the unwinder says at its max
     if (stack_frames_) {
         // The stack's key: its layout, how many kernel frames, their
         // addresses, then the user frames' pcs.
@@ -497,6 +526,11 @@ void ParallelStackClassifier::hand_staged() {
         here_->classify_into(job->space.get(), job->sample, job->label);
         take_back(job);
     }
+}
+
+void ParallelStackClassifier::set_gil_functions(bool on) {
+    here_->set_gil_functions(on);
+    for (auto& w : workers_) w->gsc->set_gil_functions(on);
 }
 
 void ParallelStackClassifier::take_back(std::unique_ptr<Job>& job) {

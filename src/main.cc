@@ -54,11 +54,15 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            The results are byte-identical whatever N is
       --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
                            frames from CALLCHAIN, up to N unwound user frames)
+      --gil-functions      summary: GIL waits (S(GIL) sleeps) by the Python function
+                           that waits, from stacks unwound past take_gil to
+                           their first JIT frame (Python 3.12+ run with -X perf;
+                           its perf maps: --perf-maps)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
                            perf build-id cache there)
-      --perf-maps DIR      with --sleep-stacks: name frames in JIT code (Python
-                           3.12+ run with -X perf) from DIR/perf-PID.map, as perf
-                           does from /tmp (default: /tmp)
+      --perf-maps DIR      name frames in JIT code (Python 3.12+ run with -X perf)
+                           for --sleep-stacks and --gil-functions from
+                           DIR/perf-PID.map, as perf does from /tmp (default: /tmp)
       --no-perf-maps       leave those frames unnamed
       --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
                            *-dbg packages) in DIR, by build-id, so that later runs
@@ -90,6 +94,7 @@ struct Options {
     std::string symfs;
     std::string perf_maps = "/tmp";
     unsigned sleep_stacks = 0;
+    bool gil_functions = false;
     unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
     std::string cache_dir = gilscan::default_debuginfo_cache_dir();
@@ -155,6 +160,8 @@ Options parse_args(int argc, char** argv) {
             long n = std::strtol(v.c_str(), &end, 10);
             if (v.empty() || *end || n < 1 || n > 1024) usage_error("--sleep-stacks takes 1..1024");
             o.sleep_stacks = static_cast<unsigned>(n);
+        } else if (a == "--gil-functions") {
+            o.gil_functions = true;
         } else if (a == "--symfs") {
             o.symfs = value("--symfs");
         } else if (a == "--perf-maps") {
@@ -193,6 +200,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.symfs = opt.symfs;
     a.perf_maps = opt.perf_maps;
     a.sleep_stacks = opt.sleep_stacks;
+    a.gil_functions = opt.gil_functions;
     a.jobs = opt.jobs;
     a.debuginfo_cache = opt.cache_dir;
     if (opt.progress) {

@@ -125,6 +125,27 @@ std::string comm_column(const std::string& comm) {
         end += utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + end, s.size() - end).len;
     return s.substr(0, end) + std::string(16 - chars, ' ');
 }
+// --gil-functions: where each process's S(GIL) sleep time went, by the
+// Python function whose stack waited.
+void print_gil_functions(std::FILE* out, const FileSummary& fs) {
+    uint64_t total = 0;
+    for (const auto& f : fs.gil_functions) total += f.sleep_ns;
+    std::fprintf(out, "\nGIL waits by Python function (S(GIL) sleeps; the innermost perf-map frame past take_gil):\n");
+    if (fs.gil_functions.empty()) {
+        std::fprintf(out, "  (no S(GIL) sleeps)\n");
+        return;
+    }
+    std::fprintf(out, "%9s %8s %10s %7s  %s\n", "PID", "sleeps", "S(GIL)ms", "share%", "function");
+    size_t shown = 0;
+    for (const auto& f : fs.gil_functions) {
+        if (shown++ == kGilFunctionRowsShown) break;
+        std::fprintf(out, "%9d %8llu %10.1f %7.1f  %s\n", f.tgid, static_cast<unsigned long long>(f.sleep_count),
+                     ms(f.sleep_ns), pct(f.sleep_ns, total),
+                     f.function.empty() ? "(no function named)" : valid_utf8(f.function).c_str());
+    }
+    if (fs.gil_functions.size() > kGilFunctionRowsShown)
+        std::fprintf(out, "(%zu more rows in --summary-json)\n", fs.gil_functions.size() - kGilFunctionRowsShown);
+}
 }  // namespace
 
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads) {
@@ -181,6 +202,7 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
                      static_cast<unsigned long long>(fs.stack_stats.stopped_early),
                      static_cast<unsigned long long>(fs.stack_stats.failed));
     if (fs.gil_sleep_known) std::fprintf(out, "\n");
+    if (fs.gil_functions_known) print_gil_functions(out, fs);
     if (fs.gil_anomalies.total())
         std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
                           "%llu overlapping holders\n",
@@ -274,6 +296,15 @@ nlohmann::json summary_head(const FileSummary& fs) {
                       {"overlapping_holders", fs.gil_anomalies.overlapping_holders},
                       {"implicit_drops", fs.gil_anomalies.implicit_drops}};
     j["gil"] = g;
+    if (fs.gil_functions_known) {
+        json fns = json::array();
+        for (const auto& f : fs.gil_functions)
+            fns.push_back({{"pid", f.tgid},
+                           {"function", f.function.empty() ? json(nullptr) : json(f.function)},
+                           {"sleep_count", f.sleep_count},
+                           {"sleep_us", us(f.sleep_ns)}});
+        j["gil_functions"] = fns;
+    }
     const StackStats& st = fs.stack_stats;
     j["stacks"] = {{"sleeps_seen", st.sleeps_seen}, {"not_python", st.not_python}, {"no_stack", st.no_stack},
                    {"decided", st.decided}, {"complete", st.complete}, {"stopped_early", st.stopped_early},

@@ -67,6 +67,7 @@ void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
         if (th.label.gil) {
             th.st.gil_sleep_ns += d;
             ++th.st.gil_sleep_count;
+            if (gil_functions_) count_gil_function(th.st.tgid, th.label.function, d);
         }
         break;
     case SpanKind::DiskSleep:
@@ -168,6 +169,7 @@ void Timeline::drain(bool wait) {
             if (l->gil) {
                 p.st->gil_sleep_ns += d;
                 ++p.st->gil_sleep_count;
+                if (gil_functions_) count_gil_function(p.st->tgid, l->function, d);
             }
             p.ticket = -1;
         }
@@ -178,6 +180,25 @@ void Timeline::drain(bool wait) {
         sink_.span(p.span);
         pending_.pop_front();
     }
+}
+
+void Timeline::count_gil_function(int32_t tgid, std::string_view function, uint64_t d) {
+    auto it = by_function_.find(std::pair<int32_t, std::string_view>(tgid, function));
+    if (it == by_function_.end()) {
+        GilFunctionStats f;
+        f.tgid = tgid;
+        f.function = function;
+        it = by_function_.emplace(std::pair<int32_t, std::string>(tgid, function), std::move(f)).first;
+    }
+    it->second.sleep_ns += d;
+    ++it->second.sleep_count;
+}
+
+std::vector<GilFunctionStats> Timeline::gil_functions() const {
+    std::vector<GilFunctionStats> out;
+    out.reserve(by_function_.size());
+    for (const auto& [key, f] : by_function_) out.push_back(f);
+    return out;
 }
 
 void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as) {

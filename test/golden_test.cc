@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -199,6 +202,9 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                 o.output = (dir / "t.json").string();
                 o.sleep_stacks = frames;
                 o.perf_maps = (kData / "perf-maps").string();
+                // With stacks kept, GIL waits' Python functions too (found
+                // on the stages, in reader notes and by workers alike).
+                o.gil_functions = frames > 0;
                 if (name == "gil_stacks") o.gil_evidence = "stacks";
                 o.jobs = jobs;
                 if (jobs > 1) o.reader_thread = true;
@@ -245,6 +251,94 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
         }
     }
     fs::remove_all(dir);
+}
+
+TEST_CASE("analysis: --gil-functions totals S(GIL) sleeps by the Python function perf script's stacks name") {
+    // perf script's answer per GIL wait (test/stack_truth.py --gil-functions).
+    std::map<std::string, uint64_t> want;  // function ("" = none named) -> GIL waits
+    {
+        std::ifstream jf(kData / "stacks_py312_perfmap.gilfn.json");
+        REQUIRE(jf.good());
+        for (const auto& w : nlohmann::json::parse(jf)) ++want[w[2].is_null() ? "" : w[2].get<std::string>()];
+    }
+    REQUIRE(want.size() >= 4);
+    std::string ref;
+    for (unsigned config : {1u, 2u, 3u}) {
+        CAPTURE(config);
+        AnalysisOptions o;
+        o.input = (kData / "stacks_py312_perfmap.data").string();
+        o.perf_maps = (kData / "perf-maps").string();
+        o.gil_functions = true;
+        o.jobs = config;
+        if (config > 1) o.reader_thread = true;
+        if (config == 2) o.reader_stacks = true;  // every label the reader thread's
+        if (config == 3) o.sleep_stacks = 8;      // the workers' labels, the function past the 8 frames kept
+        const FileSummary sum = analyse_recording(o);
+        REQUIRE(sum.gil_functions_known);
+        std::map<std::string, uint64_t> got;
+        uint64_t ns = 0, threads_ns = 0, threads_count = 0;
+        for (size_t i = 0; i < sum.gil_functions.size(); ++i) {
+            const GilFunctionStats& f = sum.gil_functions[i];
+            CHECK(f.tgid == 23131);
+            got[f.function] += f.sleep_count;
+            ns += f.sleep_ns;
+            if (i) CHECK(sum.gil_functions[i - 1].sleep_ns >= f.sleep_ns);  // the most time first
+        }
+        for (const auto& t : sum.threads) {
+            threads_ns += t.gil_sleep_ns.value_or(0);
+            threads_count += t.gil_sleep_count.value_or(0);
+        }
+        CHECK(got == want);
+        CHECK(ns == threads_ns);  // every S(GIL) sleep under one function or none
+        CHECK(threads_count == 63);
+        CHECK(sum.warnings.end() == std::find_if(sum.warnings.begin(), sum.warnings.end(), [](const std::string& w) {
+                  return w.find("--gil-functions") != std::string::npos;
+              }));
+        const nlohmann::json j = summary_json(sum);
+        REQUIRE(j.contains("gil_functions"));
+        CHECK(j["gil_functions"].size() == sum.gil_functions.size());
+        CHECK(j["gil_functions"][0]["function"] == "py::spin:/work/main/testdata/workload.py");
+        CHECK(std::any_of(j["gil_functions"].begin(), j["gil_functions"].end(),
+                          [](const nlohmann::json& f) { return f["function"].is_null() && f["sleep_count"] == 3; }));
+        char* buf = nullptr;
+        size_t len = 0;
+        std::FILE* mem = open_memstream(&buf, &len);
+        print_summary_table(mem, sum);
+        std::fclose(mem);
+        const std::string table(buf, len);
+        std::free(buf);
+        CHECK(table.find("GIL waits by Python function") != std::string::npos);
+        CHECK(table.find("py::compress:/work/main/testdata/workload.py") != std::string::npos);
+        CHECK(table.find("(no function named)") != std::string::npos);
+        if (config == 1) ref = j.dump();
+        else CHECK(j.dump() == ref);
+    }
+    // Not asked for: neither looked for nor reported.
+    AnalysisOptions plain;
+    plain.input = (kData / "stacks_py312_perfmap.data").string();
+    plain.perf_maps = (kData / "perf-maps").string();
+    const FileSummary sum = analyse_recording(plain);
+    CHECK_FALSE(sum.gil_functions_known);
+    CHECK_FALSE(summary_json(sum).contains("gil_functions"));
+    // Another process than the recording's: its rows only (none).
+    AnalysisOptions other = plain;
+    other.gil_functions = true;
+    other.pids = {1};
+    CHECK(analyse_recording(other).gil_functions.empty());
+    // Where no function can be found, a warning says why.
+    auto warned = [](const std::string& name, const std::string& evidence, const std::string& what) {
+        AnalysisOptions o;
+        o.input = (kData / (name + ".data")).string();
+        o.perf_maps = (kData / "perf-maps").string();
+        o.gil_functions = true;
+        o.gil_evidence = evidence;
+        const FileSummary got = analyse_recording(o);
+        return std::any_of(got.warnings.begin(), got.warnings.end(),
+                           [&](const std::string& w) { return w.find(what) != std::string::npos; });
+    };
+    CHECK(warned("gil_combined", "auto", "--gil-functions: no GIL waits were found from stacks (sleeps were classified by the GIL uprobes"));
+    CHECK(warned("stacks_py311", "auto", "--gil-functions: no GIL wait's stack reached a Python function"));
+    CHECK_FALSE(warned("stacks_py311", "auto", "no GIL waits were found from stacks"));
 }
 
 TEST_CASE("analysis: on_complete sees the finished summary once, the trace already complete at its name") {

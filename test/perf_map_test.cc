@@ -1,7 +1,9 @@
 // Perf maps (/tmp/perf-PID.map): the parser and lookup, the per-pid reader,
 // and JIT frames named in sleep stacks on a -X perf recording, checked
 // against what `perf script` named there while the map was in /tmp
-// (testdata/stacks_py312_perfmap.jit.json, testdata/record_stacks.sh).
+// (testdata/stacks_py312_perfmap.jit.json, testdata/record_stacks.sh), and
+// each GIL wait's Python function (--gil-functions) against the first JIT
+// frame past take_gil in perf script's stack (stacks_py312_perfmap.gilfn.json).
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -132,18 +134,21 @@ std::vector<std::string> jit_names(std::string_view stack_json, std::string* map
     return out;
 }
 
-// stacks_py312_perfmap.data through a classifier naming 64 user frames,
-// JIT frames from perf_maps ("": none); `each` sees every sleep's label
+// stacks_py312_perfmap.data through a classifier naming stack_frames user
+// frames (0: none, the answer alone), JIT frames from perf_maps ("": none),
+// GIL waits' Python functions looked for or not; `each` sees every sleep's label
 // with the classifier and the maps of the moment. Returns the module cache's
 // perf map problems.
 template <class F>
-std::vector<std::string> classify_perfmap_sleeps(const std::string& perf_maps, F&& each) {
+std::vector<std::string> classify_perfmap_sleeps(const std::string& perf_maps, F&& each, unsigned stack_frames = 64,
+                                                 bool gil_functions = false) {
     Session s(std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.data");
     ProcessMaps maps;
     ModuleOptions mo;
     mo.perf_maps = perf_maps;
     ModuleCache modules(mo);
-    GilStackClassifier gsc(&maps, modules, 64, s.features().os_release, nullptr, /*background=*/false);
+    GilStackClassifier gsc(&maps, modules, stack_frames, s.features().os_release, nullptr, /*background=*/false);
+    gsc.set_gil_functions(gil_functions);
     Collect sink;
     Timeline tl(s, sink);
     tl.set_classifier([&](const Sample& smp, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
@@ -214,7 +219,7 @@ TEST_CASE("a stack through JIT code is another text in another process of the sa
             out << line.substr(0, name) << "other::" << line.substr(name) << '\n';
         }
     }
-    uint64_t jit = 0, other = 0;
+    uint64_t jit = 0, other = 0, functions = 0;
     classify_perfmap_sleeps(dir.path.string(), [&](const Sample& smp, const SleepLabel& label,
                                                    GilStackClassifier& gsc, const ProcessMaps& maps) {
         std::string map_seen;
@@ -232,7 +237,76 @@ TEST_CASE("a stack through JIT code is another text in another process of the sa
         for (size_t i = 0; all_other && i < names.size(); ++i) all_other = names[i] == "other::" + mine[i];
         other += all_other;
         CHECK(again.name == label.name);
-    });
+        // A GIL wait's function, too, is the process's own.
+        if (!label.function.empty()) ++functions;
+        if (!label.function.empty()) CHECK(again.function == "other::" + std::string(label.function));
+    }, 64, true);
     CHECK(jit >= 50);
     CHECK(other == jit);
+    CHECK(functions >= 50);
+}
+
+TEST_CASE("a GIL wait's Python function is perf script's first JIT frame past take_gil") {
+    // (tid, switch-out) -> the function, "" where perf script names none, of
+    // every sleep whose perf script stack holds take_gil.
+    std::map<std::pair<int32_t, uint64_t>, std::string> want;
+    std::ifstream jf(std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.gilfn.json");
+    REQUIRE(jf.good());
+    for (const auto& s : nlohmann::json::parse(jf))
+        want[{s[0].get<int32_t>(), s[1].get<uint64_t>()}] = s[2].is_null() ? "" : s[2].get<std::string>();
+    REQUIRE(want.size() >= 50);
+    const std::string maps_dir = std::string(GILSCAN_TESTDATA) + "/perf-maps";
+    // 0: the answer's unwind, on past take_gil for the function; 4: a
+    // stack of 4 frames kept, the function sought deeper (the trampoline is
+    // frame 5 or more here); 64: found within the kept stack.
+    for (const unsigned frames : {0u, 4u, 64u}) {
+        CAPTURE(frames);
+        uint64_t gil = 0, same = 0, named = 0, other_named = 0, beyond = 0;
+        std::string stacks_text;
+        classify_perfmap_sleeps(
+            maps_dir,
+            [&](const Sample& smp, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+                stacks_text += label.stack();
+                auto it = want.find({smp.tid, smp.time});
+                if (it == want.end()) {
+                    other_named += !label.function.empty() || label.gil;
+                    return;
+                }
+                gil += label.gil;
+                same += label.gil && label.function == it->second;
+                named += !label.function.empty();
+                // Named from a frame the kept stack does not reach.
+                beyond += frames && !label.function.empty() && label.stack().find(label.function) == std::string::npos;
+            },
+            frames, true);
+        MESSAGE(frames << " frames: " << gil << " GIL waits, " << named << " with a function");
+        CHECK(gil == want.size());
+        CHECK(same == want.size());
+        CHECK(named >= 55);  // all but the 3 perf script names none for (the threads' first take)
+        CHECK(other_named == 0);
+        // The kept stacks are the option's alone to leave as they are.
+        std::string plain_text;
+        uint64_t plain_named = 0;
+        classify_perfmap_sleeps(
+            maps_dir,
+            [&](const Sample&, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+                plain_text += label.stack();
+                plain_named += !label.function.empty();
+            },
+            frames, false);
+        CHECK(plain_text == stacks_text);
+        CHECK(plain_named == 0);  // not looked for without the option
+        if (frames == 4) CHECK(beyond >= 50);  // sought past the 4 frames kept
+        else CHECK(beyond == 0);
+    }
+    // Without a perf map the frames stay unnamed: no function, the same waits.
+    uint64_t gil = 0, named = 0;
+    classify_perfmap_sleeps(
+        "", [&](const Sample&, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+            gil += label.gil;
+            named += !label.function.empty();
+        },
+        0, true);
+    CHECK(gil == want.size());
+    CHECK(named == 0);
 }

@@ -14,6 +14,10 @@ callchain shows a take_gil frame.
 usage: stack_truth.py --jit TEST.data > TEST.jit.json
 The JIT frames `perf script` names from /tmp/perf-PID.map (Python's -X
 perf), for each sleep whose stack has any: run while the map is there.
+
+usage: stack_truth.py --gil-functions TEST.data > TEST.gilfn.json
+For each sleep whose `perf script` stack holds take_gil, the first JIT frame
+past it (the Python function that waits, or null): the same condition.
 """
 import json
 import re
@@ -51,6 +55,20 @@ def jit_frames(test):
         names = [f.split(None, 1)[1] for f in frames if len(f.split(None, 1)) == 2]
         if any(n.startswith("py::") for n in names):
             out.append([tid, t, [n for n in names if n.startswith("py::")]])
+    return out
+
+
+def gil_functions(test):
+    """[tid, ns, name] of each sleep whose perf script stack holds take_gil: name is the first JIT frame
+    past it (from /tmp/perf-PID.map), the Python function that waits, or None."""
+    out = []
+    for (tid, t), frames in sleep_stacks(test):
+        names = [f.split(None, 1)[1] if len(f.split(None, 1)) == 2 else "" for f in frames]
+        take = [i for i, n in enumerate(names) if n.split("+")[0] == "take_gil"]
+        if not take:
+            continue
+        py = [n for n in names[take[0]:] if n.startswith("py::")]
+        out.append([tid, t, py[0] if py else None])
     return out
 
 
@@ -92,6 +110,9 @@ def main(test, truth):
 if __name__ == "__main__":
     if sys.argv[1] == "--jit":  # stack_truth.py --jit TEST.data > TEST.jit.json
         json.dump(jit_frames(sys.argv[2]), sys.stdout)
+        print()
+    elif sys.argv[1] == "--gil-functions":  # stack_truth.py --gil-functions TEST.data > TEST.gilfn.json
+        json.dump(gil_functions(sys.argv[2]), sys.stdout)
         print()
     else:
         main(sys.argv[1], sys.argv[2])

@@ -37,7 +37,8 @@ one() {  # name python mode [python args...]
 # GIL waits' stacks of the recordings above end there (perf script's
 # "7fffffffdfff [unknown]"). Without it, with perf's default stack size,
 # they reach the trampoline of the Python function that waits.
-# stack_truth.py --jit keeps the JIT frames perf script names, per sleep.
+# stack_truth.py --jit keeps the JIT frames perf script names, per sleep;
+# --gil-functions the first one past take_gil of each sleep in take_gil.
 jit() {  # name python [python args...]
     local name=$1 py=$2; shift 2
     [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
@@ -47,6 +48,7 @@ jit() {  # name python [python args...]
     map=$(ls -t /tmp/perf-*.map | head -1)  # the workload's: the newest
     rm -rf perf-maps && mkdir perf-maps && cp "$map" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
     python3 ../test/stack_truth.py --jit "stacks_$name.data" > "stacks_$name.jit.json"
+    python3 ../test/stack_truth.py --gil-functions "stacks_$name.data" > "stacks_$name.gilfn.json"
     echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
 }
 

@@ -34,6 +34,10 @@ struct AnalysisOptions {
     std::string symfs;
     std::string perf_maps;      // directory of perf-PID.map files for JIT frames' names ("": none; perf_map.h)
     unsigned sleep_stacks = 0;
+    // GIL waits by Python function (SleepLabel::function): each S(GIL)
+    // sleep's stack unwound past take_gil to its first JIT frame, named by
+    // perf_maps; totalled in FileSummary::gil_functions.
+    bool gil_functions = false;
     // -j: threads. 1: everything on the calling thread. 2: a reader thread
     // and a trace-writing thread beside it. 3 and up, with --sleep-stacks:
     // jobs - 2 threads unwind and symbolize the sleeps' stacks.

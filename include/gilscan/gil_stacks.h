@@ -146,6 +146,10 @@ public:
     // cache, so that the stages find them named when they classify that
     // sleep themselves.
     void set_never_wait(bool on) { never_wait_ = on; }
+    // --gil-functions: a GIL wait's stack is unwound on past take_gil to
+    // its first frame in JIT code, and the perf map's name for it goes to
+    // SleepLabel::function (at most the stack's 64 frames, or stack_frames).
+    void set_gil_functions(bool on) { gil_functions_ = on; }
     // Sleep stacks' texts are kept once per distinct stack (StackTexts),
     // up to this many bytes (default kStackTextBytes); past it labels own
     // their texts. Kept texts live as long as the classifier.
@@ -159,6 +163,7 @@ private:
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);
     bool names_jit_frames(const AddressSpace& as);
+    const PerfMap& jit_map(int32_t pid);
     const std::string* jit_frame_json(const Frame& f);
     const std::string& name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout, const Frame& f,
                                      std::unordered_map<uint64_t, std::string>& shared,
@@ -171,6 +176,7 @@ private:
     unsigned stack_frames_;
     bool shared_names_;  // names_ came from outside (-j workers): hits go through local_*
     bool never_wait_ = false;
+    bool gil_functions_ = false;
     bool abandoned_ = false;  // of the last classify_into
     std::vector<Frame> frames_;  // the user frames of the sleep being classified, named after the unwind
     StackTexts texts_{kStackTextBytes};  // each distinct stack's text, kept once (labels point at it)
@@ -220,6 +226,9 @@ public:
     // Whether the labels' texts are read (SleepLabel::text; default true):
     // false for a summary-only run, whose labels then carry no evidence text.
     void set_text(bool on) { text_ = on; }
+    // GilStackClassifier::set_gil_functions for every thread's classifier;
+    // before the first submit().
+    void set_gil_functions(bool on);
     std::optional<SleepLabel> resolve(int64_t ticket, bool wait);  // nothing yet unless wait
     void finish();                       // stops the workers
     StackStats stats() const;

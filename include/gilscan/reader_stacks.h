@@ -62,6 +62,8 @@ public:
     // Whether the labels' texts are read (SleepLabel::text; default true):
     // false for a summary-only run, whose notes then carry no evidence text.
     void set_text(bool on) { text_ = on; }
+    // GIL waits' Python functions in the labels (GilStackClassifier::set_gil_functions).
+    void set_gil_functions(bool on) { gsc_.set_gil_functions(on); }
 
     static const Note* note_of(const Sample& s) { return static_cast<const Note*>(s.note); }
     uint64_t notes_made() const { return made_; }

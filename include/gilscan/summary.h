@@ -52,6 +52,10 @@ struct FileSummary {
     std::vector<GilProcessStats> gil_processes;
     GilAnomalies gil_anomalies;
     StackStats stack_stats;
+    // --gil-functions: S(GIL) sleeps by process and Python function (the
+    // most sleep time first; "" = no function named), when asked for.
+    bool gil_functions_known = false;
+    std::vector<GilFunctionStats> gil_functions;
 };
 
 // "2026-11-29T12:02:26Z" for nanoseconds since the epoch.
@@ -62,6 +66,8 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
 // With GIL uprobes in the recording, the table shows the threads of the
 // processes that ran the probed Python unless all_threads.
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads = false);
+// The table's rows of GIL waits by function: the first this many, then a count.
+constexpr size_t kGilFunctionRowsShown = 20;
 nlohmann::json summary_json(const FileSummary& fs);
 // j as text, with every string's ill-formed UTF-8 replaced by U+FFFD (the
 // default dump() throws there): what each JSON output gilscan writes uses.

@@ -28,10 +28,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "gilscan/sched_events.h"
@@ -58,6 +60,12 @@ struct SleepLabel {
     // is until the trace is written. Read both through stack().
     const std::string* stack_shared = nullptr;
     int64_t ticket = -1;    // >= 0: decided later (-j): the timeline resolves it when it emits the span
+    // A GIL wait's Python function (--gil-functions): the innermost frame of
+    // its stack past take_gil that the process's perf map names (CPython
+    // 3.12+ -X perf: "py::spin:/app/work.py"). A view of the map's text,
+    // which lives as long as the classifier's module cache; empty when
+    // none was looked for or found.
+    std::string_view function;
     // Whether name and evidence are read: a summary-only run's timeline reads
     // only gil (and the stack), so a classifier may leave them empty. Set by
     // the timeline before each call; clear() keeps it. The uprobe classifier
@@ -78,6 +86,7 @@ struct SleepLabel {
         stack_json.clear();
         stack_shared = nullptr;
         ticket = -1;
+        function = {};
     }
     std::string_view evidence() const { return evidence_literal.empty() ? std::string_view(evidence_built) : evidence_literal; }
     std::string_view stack() const { return stack_shared ? std::string_view(*stack_shared) : std::string_view(stack_json); }
@@ -142,6 +151,14 @@ struct ThreadStats {
     bool monitored = false;  // seen as the current task of a sample: its events are recorded
 };
 
+// The S(GIL) sleeps of one process under one Python function
+// (SleepLabel::function; "" for those none was named for).
+struct GilFunctionStats {
+    int32_t tgid = -1;
+    std::string function;
+    uint64_t sleep_ns = 0, sleep_count = 0;
+};
+
 // Labels a sleep or disk sleep at its switch-out: writes into `label`, which
 // arrives cleared (and keeps its capacity from the thread's earlier sleeps).
 using SleepClassifier = std::function<void(const Sample&, const EventInfo&, const PrevState&, SleepLabel& label)>;
@@ -192,6 +209,11 @@ public:
     // Pointers into the timeline (valid while it lives): a capture with
     // hundreds of thousands of threads is not copied for the summary.
     std::vector<const ThreadStats*> threads() const;
+    // --gil-functions: S(GIL) sleeps totalled by (process, label.function)
+    // as their spans are emitted, when every label is final.
+    void set_gil_functions(bool on) { gil_functions_ = on; }
+    // By process, then function ("" first).
+    std::vector<GilFunctionStats> gil_functions() const;
     uint64_t wakeups_while_running() const { return wake_while_running_; }
     uint64_t sched_events() const { return sched_events_; }
     const TracepointDecoder& decoder() const { return dec_; }
@@ -307,6 +329,16 @@ private:
         }
     };
     CpuLast cpu_last_;
+    void count_gil_function(int32_t tgid, std::string_view function, uint64_t d);
+    struct FunctionKeyLess {  // (tgid, name) as std::string or std::string_view alike
+        using is_transparent = void;
+        template <class A, class B>
+        bool operator()(const A& a, const B& b) const {
+            return a.first != b.first ? a.first < b.first : std::string_view(a.second) < std::string_view(b.second);
+        }
+    };
+    bool gil_functions_ = false;
+    std::map<std::pair<int32_t, std::string>, GilFunctionStats, FunctionKeyLess> by_function_;
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
     uint64_t last_time_ = 0;
