@@ -131,6 +131,31 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks no perf map is read")
     check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
 
+    # --gil-functions: the summary's GIL waits by Python function, the same
+    # at any -j, with and without a trace; the trace itself unchanged.
+    gsumm = os.path.join(tmp, "gf.json")
+    r = run(pm, "--gil-functions", "--perf-maps", maps, "--summary-json", gsumm)
+    out = r.stdout
+    rows = json.load(open(gsumm)).get("gil_functions", [])
+    check(r.returncode == 0 and "GIL waits by Python function" in out and "py::spin:" in out
+          and "(no function named)" in out, f"--gil-functions: the table ({out[-600:]})")
+    check(rows and rows[0]["function"].startswith("py::spin:") and all(x["pid"] == 23131 for x in rows)
+          and sum(x["sleep_count"] for x in rows) == 63, f"--gil-functions: the JSON rows ({rows})")
+    for j in ("1", "2", "3"):
+        r = run(pm, "--gil-functions", "--perf-maps", maps, "-o", trace, "--sleep-stacks", "8", "-j", j,
+                "--summary-json", gsumm)
+        check(r.returncode == 0 and json.load(open(gsumm))["gil_functions"] == rows, f"-j {j}: the same rows")
+    run(pm, "-o", trace, "-q", "--perf-maps", maps, "--sleep-stacks", "8")
+    plain_trace = open(trace, "rb").read()
+    run(pm, "-o", trace, "-q", "--perf-maps", maps, "--sleep-stacks", "8", "--gil-functions")
+    check(open(trace, "rb").read() == plain_trace, "--gil-functions leaves the trace as it is")
+    r = run(pm, "--summary-json", gsumm, "-q")
+    check("gil_functions" not in json.load(open(gsumm)) and "GIL waits by" not in r.stdout,
+          "no GIL functions unless asked for")
+    r = run(os.path.join(DATA, "gil_combined.data"), "--gil-functions", "-q")
+    check("--gil-functions: no GIL waits were found from stacks" in r.stderr,
+          f"--gil-functions on a recording labelled by uprobes: a warning ({r.stderr[-300:]})")
+
     # Batch: a directory of archived recordings, compressed ones, a bad one
     import csv
     import shutil

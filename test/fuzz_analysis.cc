@@ -99,12 +99,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.sleep_stacks = 16;  // symbolize the stacks too, not only classify them
     o.perf_maps = GILSCAN_PERF_MAPS;  // and JIT frames from perf maps
     o.trace.running = true;
-    // The last bytes pick the evidence and the threads, so every shape of
-    // input meets both classifiers (a recording with uprobes and stacks
-    // under "stacks" too) and -j 2 and -j 3.
+    // The last bytes pick the evidence, the threads and --gil-functions, so
+    // every shape of input meets both classifiers (a recording with uprobes
+    // and stacks under "stacks" too) and -j 2 and -j 3.
     static const char* const kEvidence[] = {"auto", "stacks", "probes"};
     o.gil_evidence = kEvidence[size ? data[size - 1] % 3 : 0];
     const unsigned jobs = size > 1 ? 2 + data[size - 2] % 2 : 2;
+    // And whether GIL waits' Python functions are sought (past the 16 frames kept).
+    o.gil_functions = size > 2 && data[size - 3] % 2;
     // -j 1 is the reference: every -j must give the same summary and the
     // same trace bytes, or the same error.
     const Result one = run(in, out, o, 1);

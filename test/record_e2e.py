@@ -7,6 +7,7 @@ no anomalies. Also the errors users hit, one clear sentence each.
 usage: record_e2e.py GILSCAN WORKLOAD
 Prints "N passed, N failed".
 """
+import collections
 import json
 import os
 import subprocess
@@ -109,6 +110,17 @@ with tempfile.TemporaryDirectory() as tmp:
         gil_named += e["name"] == "S(GIL)" and any(f.startswith("py::spin:") for f in jit)
     check(r.returncode == 0 and "perf map" not in r.stderr and len(maps_used) == 1 and gil_named > 5,
           f"-X perf frames named from /tmp's perf map ({maps_used}, {gil_named} GIL waits in spin; {r.stderr[-300:]})")
+    # --gil-functions on the same live recording: each GIL wait under the
+    # first JIT frame past take_gil that perf script's stack shows.
+    summ_gf = os.path.join(tmp, "gf.json")
+    r = subprocess.run([GILSCAN, data, "-q", "--gil-functions", "--summary-json", summ_gf], capture_output=True, text=True)
+    from stack_truth import gil_functions  # noqa: E402
+    want = collections.Counter(f for _, _, f in gil_functions(data))
+    got = collections.Counter()
+    for row in json.load(open(summ_gf))["gil_functions"] if r.returncode == 0 else []:
+        got[row["function"]] += row["sleep_count"]
+    check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
+          f"--gil-functions: perf script's functions of the GIL waits ({dict(got)} against {dict(want)})")
     for m in maps_used:  # the map the recorded python left
         if os.path.exists(os.path.join("/tmp", m)):
             os.remove(os.path.join("/tmp", m))
