@@ -176,6 +176,10 @@ const PerfMap& GilStackClassifier::jit_map(int32_t pid) {
     return *m;
 }
 
+void GilStackClassifier::name_gil_function(int32_t pid, const Frame& f, SleepLabel& label) {
+    if (const PerfMapSymbol* sym = jit_map(pid).find(f.pc)) label.function = sym->name;
+}
+
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
     if (const std::string* j = jit_frame_json(f)) return *j;
     maps_for(layout);
@@ -334,7 +338,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         if (decided) {
             if (seeking_function && in_jit_code(f)) {
                 seeking_function = false;
-                if (const PerfMapSymbol* sym = jit_map(as->pid).find(f.pc)) label.function = sym->name;
+                name_gil_function(as->pid, f, label);
             }
             if (!stack_frames_ && !seeking_function) return FrameAction::Stop;
         } else if (f.module && f.module->python) {

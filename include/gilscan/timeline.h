@@ -252,6 +252,9 @@ private:
     }
     void close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as = std::nullopt);
     void emit(Thread& th, uint64_t start, uint64_t end, bool cut);
+    [[gnu::noinline]] void emit_gil_functions(Thread& th, uint64_t start, uint64_t end, bool cut);
+    template <bool kGilFunctions>
+    [[gnu::always_inline]] void emit_as(Thread& th, uint64_t start, uint64_t end, bool cut);
     Span span_of(const Thread& th, uint64_t start, uint64_t end, bool cut) const;
     void switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s, const EventInfo& ev);
     void switch_in(Thread& th, uint64_t t, uint32_t cpu);
@@ -329,7 +332,8 @@ private:
         }
     };
     CpuLast cpu_last_;
-    void count_gil_function(int32_t tgid, std::string_view function, uint64_t d);
+    // Out of line and cold: inlined, its map code cost every span emitted.
+    [[gnu::noinline, gnu::cold]] void count_gil_function(int32_t tgid, std::string_view function, uint64_t d);
     struct FunctionKeyLess {  // (tgid, name) as std::string or std::string_view alike
         using is_transparent = void;
         template <class A, class B>
