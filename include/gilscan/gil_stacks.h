@@ -148,7 +148,8 @@ public:
     void set_never_wait(bool on) { never_wait_ = on; }
     // --gil-functions: a GIL wait's stack is unwound on past take_gil to
     // its first frame in JIT code, and the perf map's name for it goes to
-    // SleepLabel::function (at most the stack's 64 frames, or stack_frames).
+    // SleepLabel::function: up to 64 frames deep (stack_frames if more),
+    // past the stack_frames kept. Answers and kept stacks stay the same.
     void set_gil_functions(bool on) { gil_functions_ = on; }
     // Sleep stacks' texts are kept once per distinct stack (StackTexts),
     // up to this many bytes (default kStackTextBytes); past it labels own
