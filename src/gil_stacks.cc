@@ -318,57 +318,59 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         }
     };
     frames_.clear();
-    // The frames a sleep's answer and stack come from.
-    const unsigned max_frames = stack_frames_ ? stack_frames_ : 64;
-    // --gil-functions: past a GIL wait's take_gil frame, its first frame in
-    // JIT code is the Python function that waits (a -X perf trampoline; on
-    // a CPython without frame pointers the unwind ends there anyway). It is
-    // looked for up to 64 frames deep even with fewer kept for the stack,
-    // which, like the answer, stays what it is without the option.
-    const unsigned max_seek = gil_functions_ ? std::max(max_frames, 64u) : max_frames;
+    // A sleep's answer comes from its first kAnswerFrames frames, however
+    // many --sleep-stacks keeps for the trace: how much of a stack is shown
+    // must not change its label (with the kept frames as the limit, `-j 1
+    // --sleep-stacks 2` labelled no GIL wait at all: take_gil is frame 2 to
+    // 5). The unwind goes on for the frames kept, and with --gil-functions
+    // past a GIL wait's take_gil frame to its first frame in JIT code, the
+    // Python function that waits (a -X perf trampoline; on a CPython without
+    // frame pointers the unwind ends there anyway).
+    const unsigned frames_kept = stack_frames_;
     bool seeking_function = false;
-    bool cut = false;  // the answer's frames ran out undecided, as the unwinder's max would have
+    bool cut = false;  // the answer's frames ran out undecided: "complete", as the unwinder says at its max
     // The user frames are named after the unwind, and only for a stack not
     // seen before (StackTexts): the text is a function of the layout and the
     // frames' addresses.
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
     auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
-        if (stack_frames_ && f.mapping && f.depth < max_frames) frames_.push_back(f);
+        if (f.depth < frames_kept && f.mapping) frames_.push_back(f);
         if (decided) {
             if (seeking_function && in_jit_code(f)) {
                 seeking_function = false;
                 name_gil_function(as->pid, f, label);
             }
-            if (!stack_frames_ && !seeking_function) return FrameAction::Stop;
-        } else if (f.module && f.module->python) {
-            decided = true;
-            const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
-            // The evidence text only where it is read (label.text: a trace is
-            // written); a summary reads the answer alone, and building the text
-            // was 7% of a summary-only DWARF run's instructions.
-            if (const AddrRange* r = f.module->in_take(f.vaddr)) {
-                label.name = "S(GIL)";
-                if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
-                label.gil = true;
-                ++stats_.gil;
-            } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
-                label.name = "S(GIL handoff)";
-                if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
-                ++stats_.handoff;
+        } else if (f.depth < kAnswerFrames) {
+            if (f.module && f.module->python) {
+                decided = true;
+                const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
+                // The evidence text only where it is read (label.text: a trace is
+                // written); a summary reads the answer alone, and building the text
+                // was 7% of a summary-only DWARF run's instructions.
+                if (const AddrRange* r = f.module->in_take(f.vaddr)) {
+                    label.name = "S(GIL)";
+                    if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
+                    label.gil = true;
+                    ++stats_.gil;
+                } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
+                    label.name = "S(GIL handoff)";
+                    if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
+                    ++stats_.handoff;
+                }
+                seeking_function = gil_functions_ && label.gil;
+            } else if (f.depth + 1 == kAnswerFrames) {
+                cut = true;
             }
-            seeking_function = gil_functions_ && label.gil;
-            // Without stacks and the function sought: the answer is all.
-            if (!stack_frames_ && !seeking_function) return FrameAction::Stop;
         }
-        if (f.depth + 1 < max_frames || seeking_function) return FrameAction::Continue;
-        cut = !decided;
-        return FrameAction::Stop;
+        // On for the answer, the frames kept, or the function sought.
+        const bool on = (!decided && !cut) || f.depth + 1 < frames_kept || seeking_function;
+        return on ? FrameAction::Continue : FrameAction::Stop;
     };
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
-    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), max_seek);
-    if (cut) st = UnwindStatus::Complete;  // what the unwinder says at its max
+    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), std::max(frames_kept, kAnswerFrames));
+    if (cut) st = UnwindStatus::Complete;
     if (stack_frames_) {
         // The stack's key: its layout, how many kernel frames, their
         // addresses, then the user frames' pcs.

@@ -341,6 +341,30 @@ TEST_CASE("analysis: --gil-functions totals S(GIL) sleeps by the Python function
     CHECK_FALSE(warned("stacks_py311", "auto", "no GIL waits were found from stacks"));
 }
 
+TEST_CASE("analysis: how many frames --sleep-stacks keeps does not change a sleep's label") {
+    // The answer comes from the first 64 frames whatever N is: with N as the
+    // limit, --sleep-stacks 1 and 2 labelled no GIL wait (take_gil is frame
+    // 2 to 5) and 3 a fifth fewer on stacks_py311.
+    for (const std::string name : {"stacks_py311", "stacks_debian", "gil_stacks", "stacks_py312_perfmap"}) {
+        CAPTURE(name);
+        std::string ref;
+        for (unsigned frames : {0u, 1u, 2u, 3u, 8u, 200u}) {
+            CAPTURE(frames);
+            AnalysisOptions o;
+            o.input = (kData / (name + ".data")).string();
+            o.perf_maps = (kData / "perf-maps").string();
+            o.gil_evidence = "stacks";
+            o.gil_functions = true;
+            o.sleep_stacks = frames;
+            const nlohmann::json j = summary_json(analyse_recording(o));
+            REQUIRE(j["stacks"]["gil"].get<uint64_t>() > 10);
+            const std::string labels = j["threads"].dump() + j["stacks"].dump() + j["gil_functions"].dump();
+            if (frames == 0) ref = labels;
+            else CHECK(labels == ref);
+        }
+    }
+}
+
 TEST_CASE("analysis: on_complete sees the finished summary once, the trace already complete at its name") {
     // `gilscan FILE` reports in on_complete and ends the process there: the
     // trace must be committed by then, and the summary the one returned.

@@ -124,6 +124,8 @@ public:
         std::condition_variable named;
     };
 
+    // A sleep's answer: from its first kAnswerFrames frames, whatever stack_frames is.
+    static constexpr unsigned kAnswerFrames = 64;
     // stack_frames > 0: also attach the symbolized stack (kernel frames from
     // CALLCHAIN, then up to that many user frames) to every sleep's label.
     // `names`: a cache shared with other classifiers (default: its own).
@@ -148,8 +150,8 @@ public:
     void set_never_wait(bool on) { never_wait_ = on; }
     // --gil-functions: a GIL wait's stack is unwound on past take_gil to
     // its first frame in JIT code, and the perf map's name for it goes to
-    // SleepLabel::function: up to 64 frames deep (stack_frames if more),
-    // past the stack_frames kept. Answers and kept stacks stay the same.
+    // SleepLabel::function: up to kAnswerFrames deep (stack_frames if
+    // more), past the stack_frames kept. Answers and kept stacks stay the same.
     void set_gil_functions(bool on) { gil_functions_ = on; }
     // Sleep stacks' texts are kept once per distinct stack (StackTexts),
     // up to this many bytes (default kStackTextBytes); past it labels own
