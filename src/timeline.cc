@@ -199,12 +199,7 @@ void Timeline::drain(bool wait) {
 
 void Timeline::count_gil_function(int32_t tgid, std::string_view function, uint64_t d) {
     auto it = by_function_.find(std::pair<int32_t, std::string_view>(tgid, function));
-    if (it == by_function_.end()) {
-        GilFunctionStats f;
-        f.tgid = tgid;
-        f.function = function;
-        it = by_function_.emplace(std::pair<int32_t, std::string>(tgid, function), std::move(f)).first;
-    }
+    if (it == by_function_.end()) it = by_function_.emplace(std::pair<int32_t, std::string>(tgid, function), FunctionTotals{}).first;
     it->second.sleep_ns += d;
     ++it->second.sleep_count;
 }
@@ -212,7 +207,7 @@ void Timeline::count_gil_function(int32_t tgid, std::string_view function, uint6
 std::vector<GilFunctionStats> Timeline::gil_functions() const {
     std::vector<GilFunctionStats> out;
     out.reserve(by_function_.size());
-    for (const auto& [key, f] : by_function_) out.push_back(f);
+    for (const auto& [key, t] : by_function_) out.push_back({key.first, key.second, t.sleep_ns, t.sleep_count});
     return out;
 }
 

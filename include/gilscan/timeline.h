@@ -60,8 +60,8 @@ struct SleepLabel {
     // is until the trace is written. Read both through stack().
     const std::string* stack_shared = nullptr;
     int64_t ticket = -1;    // >= 0: decided later (-j): the timeline resolves it when it emits the span
-    // A GIL wait's Python function (--gil-functions): the innermost frame of
-    // its stack past take_gil that the process's perf map names (CPython
+    // A GIL wait's Python function (--gil-functions): the perf map's name
+    // for the first frame in JIT code past take_gil on its stack (CPython
     // 3.12+ -X perf: "py::spin:/app/work.py"). A view of the map's text,
     // which lives as long as the classifier's module cache; empty when
     // none was looked for or found.
@@ -341,8 +341,11 @@ private:
             return a.first != b.first ? a.first < b.first : std::string_view(a.second) < std::string_view(b.second);
         }
     };
+    struct FunctionTotals {
+        uint64_t sleep_ns = 0, sleep_count = 0;
+    };
     bool gil_functions_ = false;
-    std::map<std::pair<int32_t, std::string>, GilFunctionStats, FunctionKeyLess> by_function_;
+    std::map<std::pair<int32_t, std::string>, FunctionTotals, FunctionKeyLess> by_function_;
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
     uint64_t last_time_ = 0;
