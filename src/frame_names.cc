@@ -21,11 +21,15 @@ namespace gilscan {
 
 namespace {
 
-void append_hex(std::string& out, uint64_t v) {
+// "0xV (module)" onto out.
+void append_at(std::string& out, uint64_t v, std::string_view module) {
     char buf[20];
     const auto r = std::to_chars(buf, buf + sizeof buf, v, 16);
     out += "0x";
     out.append(buf, r.ptr);
+    out += " (";
+    out += module;
+    out += ')';
 }
 
 }  // namespace
@@ -35,19 +39,13 @@ std::string frame_text(std::string_view name, uint64_t offset, std::string_view 
     out.reserve(name.size() + module.size() + 24);
     out += name;
     out += '+';
-    append_hex(out, offset);
-    out += " (";
-    out += module;
-    out += ')';
+    append_at(out, offset, module);
     return out;
 }
 
 std::string unnamed_frame_text(uint64_t pc, std::string_view module) {
     std::string out;
-    append_hex(out, pc);
-    out += " (";
-    out += module;
-    out += ')';
+    append_at(out, pc, module);
     return out;
 }
 

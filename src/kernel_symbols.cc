@@ -194,15 +194,11 @@ void KernelSymbols::parse_modules(std::string_view text) {
     std::sort(module_bases_.begin(), module_bases_.end());
 }
 
-std::string KernelSymbols::unnamed(uint64_t addr, std::string_view where) const {
-    return unnamed_frame_text(addr, where);
-}
-
 std::string KernelSymbols::name(uint64_t addr) const {
     // The last symbol at or below addr; of several at that address, the
     // greatest name (an order that does not depend on how they are listed).
     auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
-    if (it == syms_.begin()) return unnamed(addr, "[kernel]");
+    if (it == syms_.begin()) return unnamed_frame_text(addr, "[kernel]");
     --it;
     const std::string_view text = text_;
     std::string_view best = text.substr(it->name, it->len);
@@ -228,7 +224,7 @@ std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
     // (perf's are _text, or _stext before it; 0: none to move by).
     const uint64_t here = rec.reloc_symbol == "_text" ? text_addr_ : rec.reloc_symbol == "_stext" ? stext_addr_ : 0;
     if (addr >= rec.text_start && addr < rec.text_end) {
-        if (!here) return unnamed(addr, "[kernel]");
+        if (!here) return unnamed_frame_text(addr, "[kernel]");
         return name(addr - rec.reloc_addr + here);
     }
     auto m = std::upper_bound(rec.modules.begin(), rec.modules.end(), addr,
@@ -237,13 +233,13 @@ std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
         const KernelLayout::Module& mod = *std::prev(m);
         auto b = std::lower_bound(module_bases_.begin(), module_bases_.end(), mod.name,
                                   [](const std::pair<std::string, uint64_t>& x, const std::string& n) { return x.first < n; });
-        if (b == module_bases_.end() || b->first != mod.name) return unnamed(addr, "[" + mod.name + "]");
+        if (b == module_bases_.end() || b->first != mod.name) return unnamed_frame_text(addr, "[" + mod.name + "]");
         return name(addr - mod.start + b->second);
     }
     // Outside every recorded map (BPF programs, a module loaded during the
     // recording): as it is, if the image did not move.
     if (here && here == rec.reloc_addr) return name(addr);
-    return unnamed(addr, "[kernel]");
+    return unnamed_frame_text(addr, "[kernel]");
 }
 
 }  // namespace gilscan

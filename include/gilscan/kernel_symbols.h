@@ -102,7 +102,6 @@ public:
 private:
     void parse_kallsyms();
     void parse_modules(std::string_view text);
-    std::string unnamed(uint64_t addr, std::string_view where) const;
     struct Sym {
         uint64_t addr;
         uint32_t name, len;  // in text_
