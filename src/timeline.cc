@@ -106,6 +106,7 @@ inline void Timeline::emit_as(Thread& th, uint64_t start, uint64_t end, bool cut
         s.evidence = th.label.evidence();
         s.stack_json = th.label.stack();
         s.stack_stable = th.label.stack_shared != nullptr;
+        if constexpr (kGilFunctions) s.function = th.label.function;
     } else if (th.state == SpanKind::DiskSleep) {
         s.evidence = th.label.evidence();
     }
@@ -186,6 +187,7 @@ void Timeline::drain(bool wait) {
                 ++p.st->gil_sleep_count;
                 if (gil_functions_) count_gil_function(p.st->tgid, l->function, d);
             }
+            p.span.function = l->function;  // empty without --gil-functions
             p.ticket = -1;
         }
         p.span.name = p.name;

@@ -34,7 +34,15 @@ inline char* put(char* p, StackField f) {
     return put(p, f.s.size());
 }
 
+// A string most spans leave empty (the function, with --gil-functions): sent
+// only when the span's kFunction flag says it is there.
+struct OptionalField {
+    std::string_view s;
+};
+inline char* put(char* p, OptionalField f) { return f.s.empty() ? p : put(p, f.s); }
+
 inline size_t field_size(std::string_view s) { return 4 + s.size(); }
+inline size_t field_size(OptionalField f) { return f.s.empty() ? 0 : field_size(f.s); }
 inline size_t field_size(StackField f) { return f.stable ? sizeof(const char*) + sizeof(size_t) : field_size(f.s); }
 template <class T>
 inline size_t field_size(T) {
@@ -62,7 +70,7 @@ struct Unpack {
     }
 };
 
-enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4, kStackRef = 8 };
+enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4, kStackRef = 8, kFunction = 16 };
 
 }  // namespace
 
@@ -169,6 +177,7 @@ void TraceRelay::replay(const ChunkBytes& block, size_t used) {
             s.evidence = u.str();
             s.stack_stable = flags & kStackRef;
             s.stack_json = s.stack_stable ? u.ref() : u.str();
+            if (flags & kFunction) s.function = u.str();
             writer_.span(s);
             break;
         }
@@ -214,9 +223,10 @@ void TraceRelay::append(Op op, const F&... fields) {
 void TraceRelay::span(const Span& s) {
     if (!filter_.wanted(s)) return;  // e.g. running spans without --running: most of them
     const auto flags = static_cast<uint8_t>((s.cut_at_end ? kCut : 0) | (s.woken_before_switch ? kWokenBeforeSwitch : 0) |
-                                            (s.preempted ? kPreempted : 0) | (s.stack_stable ? kStackRef : 0));
+                                            (s.preempted ? kPreempted : 0) | (s.stack_stable ? kStackRef : 0) |
+                                            (s.function.empty() ? 0 : kFunction));
     append(Op::Span, s.tgid, s.tid, s.start, s.end, static_cast<uint8_t>(s.kind), s.waker, s.cpu, flags, s.name,
-           s.state, s.evidence, StackField{s.stack_json, s.stack_stable});
+           s.state, s.evidence, StackField{s.stack_json, s.stack_stable}, OptionalField{s.function});
 }
 
 void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {

@@ -132,7 +132,8 @@ with tempfile.TemporaryDirectory() as tmp:
     check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
 
     # --gil-functions: the summary's GIL waits by Python function, the same
-    # at any -j, with and without a trace; the trace itself unchanged.
+    # at any -j, with and without a trace; in the trace, each S(GIL) span's
+    # args.function, the rest of the trace unchanged.
     gsumm = os.path.join(tmp, "gf.json")
     r = run(pm, "--gil-functions", "--perf-maps", maps, "--summary-json", gsumm)
     out = r.stdout
@@ -141,14 +142,38 @@ with tempfile.TemporaryDirectory() as tmp:
           and "(no function named)" in out, f"--gil-functions: the table ({out[-600:]})")
     check(rows and rows[0]["function"].startswith("py::spin:") and all(x["pid"] == 23131 for x in rows)
           and sum(x["sleep_count"] for x in rows) == 63, f"--gil-functions: the JSON rows ({rows})")
-    for j in ("1", "2", "3"):
-        r = run(pm, "--gil-functions", "--perf-maps", maps, "-o", trace, "--sleep-stacks", "8", "-j", j,
-                "--summary-json", gsumm)
-        check(r.returncode == 0 and json.load(open(gsumm))["gil_functions"] == rows, f"-j {j}: the same rows")
-    run(pm, "-o", trace, "-q", "--perf-maps", maps, "--sleep-stacks", "8")
-    plain_trace = open(trace, "rb").read()
-    run(pm, "-o", trace, "-q", "--perf-maps", maps, "--sleep-stacks", "8", "--gil-functions")
-    check(open(trace, "rb").read() == plain_trace, "--gil-functions leaves the trace as it is")
+    # perf script's first py:: frame past take_gil, per GIL wait (tid, switch-out ns).
+    truth = {(tid, t): fn for tid, t, fn in json.load(open(os.path.join(DATA, "stacks_py312_perfmap.gilfn.json")))}
+
+    def without_functions(events):
+        for e in events:
+            if e.get("cat") == "process state":
+                e.get("args", {}).pop("function", None)
+        return events
+
+    for stacks in ([], ["--sleep-stacks", "8"]):
+        run(pm, "-o", trace, "-q", "--perf-maps", maps, *stacks)
+        plain = json.load(open(trace))
+        first = None
+        for j in ("1", "2", "3"):
+            r = run(pm, "--gil-functions", "--perf-maps", maps, "-o", trace, *stacks, "-j", j, "--summary-json", gsumm)
+            check(r.returncode == 0 and json.load(open(gsumm))["gil_functions"] == rows,
+                  f"{stacks} -j {j}: the same rows")
+            raw = open(trace, "rb").read()
+            if first is None:
+                first = raw
+                got = json.loads(raw)
+                named = {(e["tid"], round(e["ts"] * 1000)): e["args"].get("function")
+                         for e in got["traceEvents"] if e.get("cat") == "process state" and e["name"] == "S(GIL)"}
+                check(len(named) == 63 and named == truth,
+                      f"{stacks}: each S(GIL) span's args.function is perf script's "
+                      f"({sum(named.get(k) == v for k, v in truth.items())} of {len(truth)} equal, {len(named)} spans)")
+                others = [e for e in got["traceEvents"] if "function" in e.get("args", {}) and e.get("name") != "S(GIL)"]
+                check(not others, f"args.function on S(GIL) spans only ({others[:2]})")
+                check(without_functions(got["traceEvents"]) == plain["traceEvents"],
+                      f"{stacks}: the trace is otherwise unchanged by --gil-functions")
+            else:
+                check(raw == first, f"{stacks} -j {j}: the trace byte-identical to -j 1's")
     r = run(pm, "--summary-json", gsumm, "-q")
     check("gil_functions" not in json.load(open(gsumm)) and "GIL waits by" not in r.stdout,
           "no GIL functions unless asked for")

@@ -64,7 +64,11 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             s.cut_at_end = rnd() % 11 == 0;
             s.woken_before_switch = rnd() % 13 == 0;
             s.preempted = rnd() % 2;
-            if (rnd() % 9 == 0) s.evidence = odd;
+            if (rnd() % 9 == 0) {
+                s.evidence = odd;
+                // A GIL wait's function (--gil-functions): only beside evidence.
+                if (rnd() % 2) s.function = rnd() % 2 ? std::string_view(odd) : std::string_view("py::spin:/app/work.py");
+            }
             if (i == n / 2) {
                 s.stack_json = huge_stack;
             } else if (rnd() % 4 == 0) {
@@ -151,6 +155,7 @@ TEST_CASE("TraceRelay: the trace is byte for byte the TraceWriter's, whoever for
         const std::string direct = trace(Mode::Direct, *opt, n);
         REQUIRE(direct.size() > 4 * TraceRelay::kBlock);
         CHECK(direct.find("S(GIL)") != std::string::npos);
+        CHECK(direct.find(R"("function":"py::spin:/app/work.py")") != std::string::npos);
         const std::string relayed = trace(Mode::Relay, *opt, n);
         CHECK(relayed.size() == direct.size());
         CHECK(relayed == direct);

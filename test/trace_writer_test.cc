@@ -306,3 +306,61 @@ TEST_CASE("TraceWriter: the GIL tracker's typed events, line by line against pri
         CHECK(text.find("\"waiting\":4294967295}") != std::string::npos);
     }
 }
+
+TEST_CASE("TraceWriter: a GIL wait's function goes in args after its evidence, escaped, and only when it has one") {
+    // --gil-functions puts the Python function (a perf map's name: any bytes
+    // a JIT wrote) on S(GIL) spans; every other span's args are unchanged.
+    test::TempDir dir("gilscan-trace-function");
+    const std::string path = (dir.path / "t.json").string();
+    const std::string odd = "py::f\"q\\:/a b/\x01\xe9.py";
+    {
+        OutputFile out(path, false);
+        TraceWriter tw(out, {});
+        Span s;
+        s.tgid = 7;
+        s.tid = 8;
+        s.start = 1'000'000;
+        s.end = 1'500'500;
+        s.kind = SpanKind::Sleep;
+        s.name = "S(GIL)";
+        s.state = "S";
+        s.cpu = 3;
+        s.waker = 9;
+        s.evidence = "take_gil+0x2a (libpython3.12.so)";
+        s.function = "py::spin:/app/work.py";
+        s.stack_json = R"j(["take_gil+0x2a (libpython3.12.so)"])j";
+        s.cut_at_end = true;
+        s.woken_before_switch = true;
+        tw.span(s);
+        s.function = odd;
+        s.stack_json = {};
+        s.cut_at_end = s.woken_before_switch = false;
+        tw.span(s);
+        // The longest fixed text with the longest numbers and a function:
+        // within the room the writer asked for (a sanitizer build would see
+        // a write past it).
+        s.tgid = s.tid = s.waker = INT32_MIN;
+        s.cpu = 4'000'000'000u;
+        s.start = 0;
+        s.end = UINT64_MAX;
+        s.cut_at_end = s.woken_before_switch = true;
+        s.function = "x";
+        tw.span(s);
+        s.function = {};
+        tw.span(s);
+        tw.finish({}, {});
+        out.commit();
+    }
+    check_event_lines(path, {
+        R"j({"ph":"X","cat":"process state","name":"S(GIL)","pid":7,"tid":8,"ts":1000.000,"dur":500.500,"args":{"state":"S","cpu":3,"waker":9,"evidence":"take_gil+0x2a (libpython3.12.so)","function":"py::spin:/app/work.py","stack":["take_gil+0x2a (libpython3.12.so)"],"cut_at_end":true,"woken_before_switch_out":true}})j",
+        R"j({"ph":"X","cat":"process state","name":"S(GIL)","pid":7,"tid":8,"ts":1000.000,"dur":500.500,"args":{"state":"S","cpu":3,"waker":9,"evidence":"take_gil+0x2a (libpython3.12.so)","function":"py::f\"q\\:/a b/\u0001)j" "\xef\xbf\xbd" R"j(.py"}})j",
+    });
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const auto& ev = j["traceEvents"];
+    REQUIRE(ev.size() >= 4);
+    CHECK(ev[1]["args"]["function"] == "py::f\"q\\:/a b/\x01\xef\xbf\xbd.py");
+    CHECK(ev[2]["args"]["function"] == "x");
+    CHECK(ev[2]["args"]["cut_at_end"] == true);
+    CHECK_FALSE(ev[3]["args"].contains("function"));
+}

@@ -100,6 +100,10 @@ struct Span {
     std::string_view state;    // prev_state letters as perf prints them
     std::string_view evidence;
     std::string_view stack_json;  // JSON array text, or empty
+    // A GIL wait's Python function (SleepLabel::function, --gil-functions),
+    // or empty: a view of a perf map's text, valid until the trace is written.
+    // Written as args.function beside the evidence (a GIL wait has evidence).
+    std::string_view function;
     // stack_json's text is a classifier's kept text (SleepLabel::stack_shared),
     // valid until the trace is written: a sink may keep the view, not a copy.
     bool stack_stable = false;
