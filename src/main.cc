@@ -29,7 +29,7 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: gilscan FILE [options]
        gilscan probe [--print] [--remove] [PYTHON_OR_LIBPYTHON...]
-       gilscan record [-o out.data] [--gil] [--state] [--stacks] -- python3 script.py
+       gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions] -- python3 script.py
        gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] PATH...
 
 Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
             opt.output = r.trace;
             opt.summary_json = r.summary_json;
             opt.quiet = r.quiet;
+            opt.gil_functions = r.gil_functions;
             opt.progress = !r.quiet && ::isatty(2);
             int rc = run(opt);
             if (!r.quiet && !opt.output.empty()) std::fprintf(stderr, "gilscan: wrote %s\n", opt.output.c_str());

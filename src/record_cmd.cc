@@ -47,12 +47,16 @@ int paranoid_level() {
 [[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
 
 constexpr const char* kUsage =
-    "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--trace trace.json]\n"
-    "                      [--summary-json FILE] [--no-analyse] [-q] -- PROGRAM [ARGS...]\n\n"
+    "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions]\n"
+    "                      [--trace trace.json] [--summary-json FILE] [--no-analyse] [-q] -- PROGRAM [ARGS...]\n\n"
     "Records PROGRAM (e.g. python3 script.py, python3 -m module) with perf and analyses it.\n"
     "  --state         scheduler tracepoints: sleeps, runnable time (default with --gil)\n"
     "  --gil           take_gil/drop_gil uprobes on the Python that runs (placed as needed)\n"
     "  --stacks        DWARF user stacks on sched_switch (needed to classify sleeps from stacks)\n"
+    "  --gil-functions GIL waits by Python function: --state --stacks, the program's Python\n"
+    "                  3.12+ run with perf support (PYTHONPERFSUPPORT=1), analysed with\n"
+    "                  gilscan --gil-functions (not with --gil: take_gil's return probe\n"
+    "                  ends the stacks there)\n"
     "  -o FILE         the perf.data to write (default perf.data)\n"
     "  --trace FILE    the Chrome trace to write (default trace.json)\n"
     "  --no-analyse    only record\n";
@@ -101,6 +105,8 @@ RecordResult record_main(int argc, char** argv) {
             state = true;
         } else if (a == "--stacks") {
             stacks = true;
+        } else if (a == "--gil-functions") {
+            r.gil_functions = true;
         } else if (a == "--no-analyse") {
             analyse = false;
         } else if (a == "-q") {
@@ -116,6 +122,16 @@ RecordResult record_main(int argc, char** argv) {
         }
     }
     if (command.empty()) fail("no program to record: gilscan record -- python3 script.py");
+    if (r.gil_functions) {
+        // The function that waits is the first -X perf trampoline past
+        // take_gil on the GIL wait's stack; a uretprobe on take_gil replaces
+        // its return address with the kernel's trampoline while it runs, so
+        // no stack would get past it.
+        if (gil)
+            fail("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe (--gil) "
+                 "cuts short: leave out --gil");
+        state = stacks = true;
+    }
     if (!gil && !state) gil = state = true;
 
     // The problems users hit, one sentence each with the fix.
@@ -163,6 +179,11 @@ RecordResult record_main(int argc, char** argv) {
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
+        // CPython 3.12+ then writes /tmp/perf-PID.map (as under -X perf),
+        // which names its trampolines; earlier Pythons ignore it, and the
+        // analysis says no stack reached a named frame. A value the user set
+        // is kept (0 turns it off).
+        if (r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);

@@ -125,6 +125,44 @@ with tempfile.TemporaryDirectory() as tmp:
         if os.path.exists(os.path.join("/tmp", m)):
             os.remove(os.path.join("/tmp", m))
 
+    # gilscan record --gil-functions: Python 3.12 with perf support from the
+    # environment (no -X perf on the command line), --state --stacks, no GIL
+    # probes; the summary's functions and each S(GIL) span's args.function
+    # are perf script's first JIT frame past take_gil.
+    r = subprocess.run([GILSCAN, "record", "--gil-functions", "-o", data, "--trace", trace, "--summary-json", summ_gf,
+                        "--", "/root/.pyenv/versions/3.12.1/bin/python3", WORKLOAD, "0.1"], capture_output=True, text=True)
+    check(r.returncode == 0 and "GIL probes on" not in r.stderr and "GIL waits by Python function" in r.stdout,
+          f"record --gil-functions: recorded without GIL probes, the table printed ({r.stderr[-300:]})")
+    truth = gil_functions(data)
+    want = collections.Counter(f for _, _, f in truth)
+    got = collections.Counter()
+    for row in json.load(open(summ_gf)).get("gil_functions", []) if r.returncode == 0 else []:
+        got[row["function"]] += row["sleep_count"]
+    check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
+          f"record --gil-functions: perf script's functions ({dict(got)} against {dict(want)})")
+    per_sleep = {(tid, t): f for tid, t, f in truth}
+    spans = {(e["tid"], round(e["ts"] * 1000)): e["args"].get("function")
+             for e in (json.load(open(trace))["traceEvents"] if r.returncode == 0 else [])
+             if e.get("cat") == "process state" and e["name"] == "S(GIL)"}
+    check(spans and spans == per_sleep and sum(f is not None for f in spans.values()) > 5,
+          f"record --gil-functions: each S(GIL) span's args.function is perf script's "
+          f"({sum(spans.get(k) == v for k, v in per_sleep.items())} of {len(per_sleep)}, {len(spans)} spans)")
+    pids = {row["pid"] for row in json.load(open(summ_gf)).get("gil_functions", [])} if r.returncode == 0 else set()
+    maps_left = [f"/tmp/perf-{p}.map" for p in pids if os.path.exists(f"/tmp/perf-{p}.map")]
+    check(len(pids) == 1 and len(maps_left) == 1 and f"py::spin:{WORKLOAD}" in open(maps_left[0]).read(),
+          f"PYTHONPERFSUPPORT=1 made the recorded Python write its perf map ({pids}, {maps_left})")
+    for m in maps_left:
+        os.remove(m)
+    # Before 3.12 there is no perf support: the analysis says why no function is named.
+    r = subprocess.run([GILSCAN, "record", "-q", "--gil-functions", "-o", data, "--trace", "",
+                        "--", "/root/.pyenv/versions/3.11.7/bin/python3", WORKLOAD, "0.1"], capture_output=True, text=True)
+    check(r.returncode == 0 and "no GIL wait's stack reached a Python function named by a perf map" in r.stderr,
+          f"record --gil-functions of Python 3.11: the warning ({r.stderr[-400:]})")
+    r = subprocess.run([GILSCAN, "record", "--gil", "--gil-functions", "-o", data, "--", "/bin/true"],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and r.stderr.startswith("gilscan: error:") and "leave out --gil" in r.stderr,
+          f"record --gil --gil-functions: refused with the reason ({r.stderr!r})")
+
     # A forked pool under -X perf: each worker writes its own map, its
     # trampolines where its parent's were. Every sleep's JIT frames must be
     # the ones perf script names (stack_truth.jit_frames), process by process.

@@ -1,6 +1,6 @@
 // `gilscan record`: giltracer's workflow in one command.
 //
-//   gilscan record [-o out.data] [--gil] [--state] [--stacks] -- python3 script.py args
+//   gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions] -- python3 script.py args
 //
 // Checks perf, permissions and tracefs (one sentence each, with the fix),
 // places the GIL uprobes for the Python it is about to run (gilscan probe's
@@ -22,6 +22,7 @@ struct RecordResult {
     std::string trace;         // trace JSON to write ("" = none)
     std::string summary_json;  // "" = none
     bool quiet = false;
+    bool gil_functions = false;  // --gil-functions: recorded for it, analysed with it
 };
 
 // Throws gilscan::Error with a user-facing sentence for the problems users hit.
