@@ -129,6 +129,23 @@ std::vector<nlohmann::json> rows_of(const Result& r) {
     return rows;
 }
 
+// --gil-functions: one row per recording, process and Python function
+// (FileSummary::gil_functions, as --summary-json has them).
+const char* kFunctionColumns[] = {"recording", "pid", "function", "sleep_count", "sleep_us"};
+
+std::vector<nlohmann::json> function_rows_of(const Result& r) {
+    std::vector<nlohmann::json> rows;
+    if (!r.error.empty()) return rows;  // its error is in the summary rows
+    const nlohmann::json all = summary_json(r.summary);
+    for (const auto& f : all.value("gil_functions", nlohmann::json::array())) {
+        nlohmann::json j;
+        j["recording"] = r.path;
+        for (const char* k : {"pid", "function", "sleep_count", "sleep_us"}) j[k] = f[k];
+        rows.push_back(j);
+    }
+    return rows;
+}
+
 std::string csv_field(const nlohmann::json& v) {
     std::string s = v.is_null() ? "" : v.is_string() ? valid_utf8(v.get<std::string>()) : json_dump(v);
     if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
@@ -144,12 +161,37 @@ std::string trace_name(const std::string& path, size_t index) {
     return std::to_string(index) + "-" + base + ".json";
 }
 
+// Rows as CSV (a header line first) or JSON lines, by the file's name.
+std::string rows_text(const std::vector<nlohmann::json>& rows, const char* const* columns, size_t n_columns, bool csv) {
+    std::string text;
+    if (csv) {
+        for (size_t c = 0; c < n_columns; ++c) text += std::string(c ? "," : "") + columns[c];
+        text += "\n";
+    }
+    for (const auto& row : rows) {
+        if (csv) {
+            for (size_t c = 0; c < n_columns; ++c) {
+                if (c) text += ',';
+                text += csv_field(row[columns[c]]);
+            }
+            text += "\n";
+        } else {
+            text += json_dump(row) + "\n";
+        }
+    }
+    return text;
+}
+
 constexpr const char* kUsage =
     "usage: gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] [--symfs DIR]\n"
-    "                     [--gil-evidence auto|stacks|probes] PATH...\n\n"
+    "                     [--gil-evidence auto|stacks|probes] [--gil-functions out.jsonl|out.csv]\n"
+    "                     [--perf-maps DIR | --no-perf-maps] PATH...\n\n"
     "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
     "perf.data*) in parallel: one summary row per recording and thread. Unreadable files\n"
-    "get a row with their error; the exit status is 1 only if nothing could be read.\n";
+    "get a row with their error; the exit status is 1 only if nothing could be read.\n"
+    "--gil-functions writes GIL waits by Python function (gilscan --gil-functions), one\n"
+    "row per recording, process and function, naming JIT frames from DIR/perf-PID.map\n"
+    "(--perf-maps; default /tmp, as perf).\n";
 
 }  // namespace
 
@@ -175,7 +217,7 @@ std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
 
 int batch_main(int argc, char** argv) {
     unsigned jobs = all_cores();
-    std::string summary_path, traces_dir, symfs, evidence = "auto";
+    std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, perf_maps = "/tmp";
     std::vector<std::string> paths;
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -195,6 +237,14 @@ int batch_main(int argc, char** argv) {
             symfs = value();
         } else if (a == "--gil-evidence") {
             evidence = value();
+        } else if (a == "--gil-functions") {
+            functions_path = value();
+            if (functions_path.empty()) throw Error("gilscan batch", Error::no_offset, "--gil-functions needs a file");
+        } else if (a == "--perf-maps") {
+            perf_maps = value();
+            if (perf_maps.empty()) throw Error("gilscan batch", Error::no_offset, "--perf-maps needs a directory");
+        } else if (a == "--no-perf-maps") {
+            perf_maps.clear();
         } else if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             return 0;
@@ -243,6 +293,8 @@ int batch_main(int argc, char** argv) {
                 }
                 o.symfs = symfs;
                 o.gil_evidence = evidence;
+                o.gil_functions = !functions_path.empty();
+                o.perf_maps = perf_maps;
                 o.debuginfo_cache = default_debuginfo_cache_dir();
                 // The threads split between the recordings analysed at once:
                 // many recordings, one thread each; fewer than -j, several.
@@ -269,37 +321,30 @@ int batch_main(int argc, char** argv) {
     for (auto& t : pool) t.join();
 
     // Rows in input order, whatever order the workers finished in.
-    std::unique_ptr<OutputFile> out;
-    if (!summary_path.empty()) out = std::make_unique<OutputFile>(summary_path);
-    std::string text;
-    if (csv) {
-        for (size_t c = 0; c < std::size(kColumns); ++c) text += std::string(c ? "," : "") + kColumns[c];
-        text += "\n";
-    }
-    size_t rows = 0;
+    std::vector<nlohmann::json> rows, function_rows;
     for (const auto& r : results) {
-        for (const auto& row : rows_of(r)) {
-            ++rows;
-            if (csv) {
-                for (size_t c = 0; c < std::size(kColumns); ++c) {
-                    if (c) text += ',';
-                    text += csv_field(row[kColumns[c]]);
-                }
-                text += "\n";
-            } else {
-                text += json_dump(row) + "\n";
-            }
-        }
+        for (auto& row : rows_of(r)) rows.push_back(std::move(row));
+        if (!functions_path.empty())
+            for (auto& row : function_rows_of(r)) function_rows.push_back(std::move(row));
         if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
     }
+    // Both files complete, or neither changed (OutputFile: written aside, renamed at commit).
+    std::unique_ptr<OutputFile> out, fn_out;
+    if (!summary_path.empty()) out = std::make_unique<OutputFile>(summary_path);
+    if (!functions_path.empty()) fn_out = std::make_unique<OutputFile>(functions_path);
+    const std::string text = rows_text(rows, kColumns, std::size(kColumns), csv);
     if (out) {
         out->write(text);
-        out->commit();
     } else {
         std::fputs(text.c_str(), stdout);
     }
+    if (fn_out) fn_out->write(rows_text(function_rows, kFunctionColumns, std::size(kFunctionColumns),
+                                        functions_path.ends_with(".csv")));
+    if (out) out->commit();
+    if (fn_out) fn_out->commit();
+    const size_t n_rows = rows.size();
     std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows\n", inputs.size(),
-                 inputs.size() - failed.load(), failed.load(), rows);
+                 inputs.size() - failed.load(), failed.load(), n_rows);
     return failed.load() == inputs.size() ? 1 : 0;
 }
 

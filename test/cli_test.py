@@ -137,7 +137,7 @@ with tempfile.TemporaryDirectory() as tmp:
     gsumm = os.path.join(tmp, "gf.json")
     r = run(pm, "--gil-functions", "--perf-maps", maps, "--summary-json", gsumm)
     out = r.stdout
-    rows = json.load(open(gsumm)).get("gil_functions", [])
+    rows = rows_gf = json.load(open(gsumm)).get("gil_functions", [])
     check(r.returncode == 0 and "GIL waits by Python function" in out and "py::spin:" in out
           and "(no function named)" in out, f"--gil-functions: the table ({out[-600:]})")
     check(rows and rows[0]["function"].startswith("py::spin:") and all(x["pid"] == 23131 for x in rows)
@@ -212,6 +212,38 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and lines and all("recording" in l and "gil_hold_us" in l for l in lines), "JSONL rows")
     r = run("batch", os.path.join(arch, "sub", "broken.data"))
     check(r.returncode == 1, "batch fails only when nothing could be read")
+    # batch --gil-functions: the rows each recording's --summary-json has
+    # (gil_functions), with the recording, as JSON lines or CSV; JIT frames
+    # named from --perf-maps; any -j; none without the option.
+    pm_copy = os.path.join(arch, "pm.data")
+    shutil.copy(pm, pm_copy)
+    fn_jsonl, fn_csv = os.path.join(tmp, "fn.jsonl"), os.path.join(tmp, "fn.csv")
+    want_fn = [dict(recording=pm_copy, **row) for row in rows_gf]
+    for j in ("1", "2", "3"):
+        r = run("batch", "-j", j, "--summary", rows_jsonl, "--gil-functions", fn_jsonl, "--perf-maps", maps, arch)
+        fl = [json.loads(l) for l in open(fn_jsonl)] if r.returncode == 0 else []
+        mine = [l for l in fl if l["recording"] == pm_copy]
+        check(r.returncode == 0 and mine == want_fn and len(mine) >= 5,
+              f"batch -j {j} --gil-functions: the recording's rows as its --summary-json has them ({mine[:2]})")
+        check({l["recording"] for l in fl} <= {pm_copy, os.path.join(arch, "sub", "gil_combined.data")},
+              f"batch --gil-functions: rows only where GIL waits were labelled ({sorted({l['recording'] for l in fl})})")
+        check(all(set(l) == {"recording", "pid", "function", "sleep_count", "sleep_us"} for l in fl),
+              "batch --gil-functions: the columns")
+    r = run("batch", "--gil-functions", fn_csv, "--perf-maps", maps, pm_copy)
+    got_csv = list(csv.DictReader(open(fn_csv))) if r.returncode == 0 else []
+    check([(c["recording"], int(c["pid"]), c["function"] or None, int(c["sleep_count"]), float(c["sleep_us"]))
+           for c in got_csv] == [(w["recording"], w["pid"], w["function"], w["sleep_count"], w["sleep_us"])
+                                 for w in want_fn], f"batch --gil-functions CSV: the same rows ({got_csv[:2]})")
+    r = run("batch", "--gil-functions", fn_jsonl, "--no-perf-maps", pm_copy)
+    fl = [json.loads(l) for l in open(fn_jsonl)] if r.returncode == 0 else []
+    check(fl and all(l["function"] is None for l in fl) and sum(l["sleep_count"] for l in fl) == 63,
+          f"batch --no-perf-maps: GIL waits counted, no function named ({fl[:2]})")
+    os.remove(fn_jsonl)
+    r = run("batch", "--summary", rows_jsonl, pm_copy)
+    check(r.returncode == 0 and not os.path.exists(fn_jsonl), "batch: no functions file without --gil-functions")
+    check(run("batch", "--gil-functions", "", pm_copy).returncode != 0, "batch --gil-functions needs a file")
+    os.remove(pm_copy)
+
     # Binaries absent (an empty --symfs): scheduler figures still, unwinding said once per module
     empty = os.path.join(tmp, "symfs")
     os.makedirs(empty)

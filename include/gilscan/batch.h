@@ -10,7 +10,9 @@
 // Binaries that are absent or changed on this machine only cost the stack
 // classification of their sleeps (said once per module in the warnings);
 // scheduler states and uprobe GIL figures need none. --symfs DIR finds them
-// in a tree (an unpacked `perf archive` included).
+// in a tree (an unpacked `perf archive` included). --gil-functions FILE
+// writes a second table: GIL waits by Python function, one row per
+// recording, process and function (perf maps from --perf-maps DIR).
 #pragma once
 
 #include <string>
