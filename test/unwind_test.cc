@@ -188,7 +188,8 @@ TEST_CASE("outside any module, the fast unwinder steps by the frame pointer as l
                                                 {"rbp below rsp", below, 1},
                                                 {"the return address past the copy", no_return, 1},
                                                 {"the saved rbp unreadable", no_saved_fp, 2}}) {
-        CAPTURE(name);
+        const char* const what = name;  // clang 14 cannot capture a structured binding in CAPTURE's lambda
+        CAPTURE(what);
         DwarfUnwinder fast(modules), slow(modules);
         slow.set_fast(false);
         UnwindStatus sf{}, ss{};
