@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -176,14 +177,15 @@ RecordResult record_main(int argc, char** argv) {
     for (auto& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
 
+    // For perf and the program it starts (set here, not between fork and
+    // exec, where only async-signal-safe calls belong): CPython 3.12+ then
+    // writes /tmp/perf-PID.map (as under -X perf), which names its
+    // trampolines; earlier Pythons ignore it, and the analysis says no stack
+    // reached a named frame. A value the user set is kept (0 turns it off).
+    if (r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-        // CPython 3.12+ then writes /tmp/perf-PID.map (as under -X perf),
-        // which names its trampolines; earlier Pythons ignore it, and the
-        // analysis says no stack reached a named frame. A value the user set
-        // is kept (0 turns it off).
-        if (r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);
