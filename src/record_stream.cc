@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <new>
 
+#include <sys/mman.h>
+
 #include <zstd.h>
 
 #include "gilscan/error.h"
@@ -10,9 +12,17 @@
 
 namespace gilscan {
 
-ChunkTable::ChunkTable() : origins_(static_cast<Origin*>(std::calloc(kMaxChunks, sizeof(Origin)))) {
-    if (!origins_) throw std::bad_alloc();
+// Mapped rather than calloc'd: the same untouched zero pages, and under
+// ThreadSanitizer its munmap resets the range's metadata in one step, where
+// free() walked all 24 MiB of it (every analysis of a small test recording
+// took tens of milliseconds in build-tsan, most of its unit tests' time).
+ChunkTable::ChunkTable() {
+    void* p = ::mmap(nullptr, kOriginBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    origins_.reset(static_cast<Origin*>(p));
 }
+
+void ChunkTable::Free::operator()(Origin* p) const { ::munmap(p, kOriginBytes); }
 
 uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     uint32_t id;

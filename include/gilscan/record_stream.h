@@ -98,14 +98,15 @@ private:
     std::vector<uint32_t> free_;
     // Where each chunk came from (base(), compressed(), origin()), per id, in
     // memory that never moves (chunks_ does when it grows): 24 MiB of address
-    // space from calloc, untouched pages until ids that high are used.
+    // space mapped anonymous, untouched pages until ids that high are used.
     struct Origin {
         uint64_t base;
         const uint8_t* data;  // the bytes as reserved by acquire() (a file chunk's never move)
         bool compressed;
     };
+    static constexpr size_t kOriginBytes = size_t{kMaxChunks} * sizeof(Origin);
     struct Free {
-        void operator()(Origin* p) const { std::free(p); }
+        void operator()(Origin* p) const;  // munmap
     };
     std::unique_ptr<Origin[], Free> origins_;
 };
