@@ -86,7 +86,9 @@ const char* kColumns[] = {"recording", "error",      "host",        "cmdline",  
                           "sleep_us",  "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us",
                           "lost_events", "lost_samples", "warnings"};
 
-std::vector<nlohmann::json> rows_of(const Result& r) {
+// `all`: summary_json(r.summary), made once per recording for both tables
+// (null for a recording that could not be read).
+std::vector<nlohmann::json> rows_of(const Result& r, const nlohmann::json& all) {
     using nlohmann::json;
     std::vector<json> rows;
     auto base = [&]() {
@@ -102,7 +104,6 @@ std::vector<nlohmann::json> rows_of(const Result& r) {
         return rows;
     }
     const FileSummary& fs = r.summary;
-    json all = summary_json(fs);
     std::string warnings;
     for (const auto& w : fs.warnings) warnings += (warnings.empty() ? "" : " | ") + w;
     auto common = [&](json& j) {
@@ -133,10 +134,9 @@ std::vector<nlohmann::json> rows_of(const Result& r) {
 // (FileSummary::gil_functions, as --summary-json has them).
 const char* kFunctionColumns[] = {"recording", "pid", "function", "sleep_count", "sleep_us"};
 
-std::vector<nlohmann::json> function_rows_of(const Result& r) {
+std::vector<nlohmann::json> function_rows_of(const Result& r, const nlohmann::json& all) {
     std::vector<nlohmann::json> rows;
     if (!r.error.empty()) return rows;  // its error is in the summary rows
-    const nlohmann::json all = summary_json(r.summary);
     for (const auto& f : all.value("gil_functions", nlohmann::json::array())) {
         nlohmann::json j;
         j["recording"] = r.path;
@@ -323,9 +323,10 @@ int batch_main(int argc, char** argv) {
     // Rows in input order, whatever order the workers finished in.
     std::vector<nlohmann::json> rows, function_rows;
     for (const auto& r : results) {
-        for (auto& row : rows_of(r)) rows.push_back(std::move(row));
+        const nlohmann::json all = r.error.empty() ? summary_json(r.summary) : nlohmann::json();
+        for (auto& row : rows_of(r, all)) rows.push_back(std::move(row));
         if (!functions_path.empty())
-            for (auto& row : function_rows_of(r)) function_rows.push_back(std::move(row));
+            for (auto& row : function_rows_of(r, all)) function_rows.push_back(std::move(row));
         if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
     }
     // Both files complete, or neither changed (OutputFile: written aside, renamed at commit).
