@@ -30,7 +30,9 @@ namespace {
 constexpr const char* kUsage = R"(usage: gilscan FILE [options]
        gilscan probe [--print] [--remove] [PYTHON_OR_LIBPYTHON...]
        gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions] -- python3 script.py
-       gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] PATH...
+       gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR]
+                     [--gil-functions out.jsonl|out.csv] [options] PATH...
+                     (gilscan batch --help)
 
 Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
 scheduler tracepoints and writes a Chrome trace and a per-thread summary.

@@ -409,6 +409,13 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode != 0 and "directory" in r.stderr, "a directory")
     r = run("--bogus")
     check(r.returncode == 2, "unknown option is a usage error")
+    # The main help's batch line names batch's own file options and points at its help.
+    r, rb = run("--help"), run("batch", "--help")
+    check(r.returncode == 0 and rb.returncode == 0, "--help and batch --help exit 0")
+    batch_usage = r.stdout.split("gilscan batch", 1)[-1].split("\n\n", 1)[0]
+    for opt in ("-j N", "--summary out.jsonl|out.csv", "--traces DIR", "--gil-functions out.jsonl|out.csv",
+                "gilscan batch --help"):
+        check(opt in batch_usage and opt.split()[0] in rb.stdout + "gilscan", f"--help's batch usage names {opt!r}")
 
     # libcapstone is loaded only to disassemble a stripped Python (its
     # relocations cost every process start some 375 page faults, 5 ms on
