@@ -191,21 +191,31 @@ void Session::run(EventSink& sink) {
         // (one at a time, as the ordering queue hands them on, each stack
         // sample's parse and unwind waited for its misses). Spare time is
         // judged once a batch.
+        // The batch was filled from the ordering queue's runs without
+        // reading a record (hand_run): here each one's size is noted for the
+        // stages (Handed::size), and the batch's bytes counted exactly.
         auto run_stage = [&] {
             const bool spare = handoff.queued_bytes() >= kSpareFrom;
-            const Handed* const items = batch.items.data();
+            Handed* const items = batch.items.data();
             const size_t n = batch.items.size();
             batch.notes.resize(n);
             RawRecord r;
+            size_t bytes = 0;
             for (size_t i = 0; i < n; ++i) {
+                // Headers asked for 8 records ahead (the ordering queue did it
+                // when it read them), each stack sample's lines 4 ahead.
+                if (i + 8 < n) __builtin_prefetch(items[i + 8].rec);
                 if (i + 4 < n) prefetch_stack_sample(items[i + 4], swap);
-                const Handed& h = items[i];
+                Handed& h = items[i];
                 with_byte_order(swap, [&](auto sw) { read_framed(h.rec, sw, r); });
+                h.size = r.size;
+                bytes += r.size;
                 r.offset = chunks.origin(h.chunk, h.rec);
                 r.chunk = h.chunk;
                 const int ev = h.event >= 0 ? h.event : ids.event_for(r, swap);  // unknown events were never queued
                 batch.notes[i] = ev >= 0 ? stage->on_record(r, events_[static_cast<size_t>(ev)], spare) : nullptr;
             }
+            rd.batch_bytes = bytes;
         };
         auto send = [&] {
             if (batch.empty() || rd.stopped) return;
@@ -238,8 +248,8 @@ void Session::run(EventSink& sink) {
             batch.items.reserve(kBatch);
             if (stage) batch.notes.reserve(kBatch);
         };
-        // Takes over a reference to rec.chunk (the ordering queue's, handed on
-        // with the record): the batch holds it until it comes back.
+        // A record without a time, handed on at once. Takes over a reference
+        // to rec.chunk: the batch holds it until it comes back.
         auto hand = [&](const RawRecord& rec) {
             // The stages gave up: nothing more goes to them (the record's
             // chunk is freed with the ChunkTable).
@@ -251,11 +261,15 @@ void Session::run(EventSink& sink) {
         };
         RecordStream& rs = rd.rs;
         OrderedQueue& q = rd.q;
-        // Without a reader stage nothing here needs a queued record's bytes:
-        // the queue hands on runs of where each one is, and the batch's bytes
-        // are counted at the round's mean record size (the bound is on memory
-        // and latency, not exact). A batch is filled from a run in one loop
-        // (as much of it as the batch takes), then sent if full.
+        // Nothing here needs a queued record's bytes (a reader stage reads
+        // them when the batch goes, run_stage): the queue hands on runs of
+        // where each one is, and the batch's bytes are counted at the round's
+        // mean record size (the bound is on memory and latency, not exact;
+        // run_stage counts them exactly). A batch is filled from a run in one
+        // loop (as much of it as the batch takes), then sent if full. With a
+        // reader stage the queue handed on one record at a time, its header
+        // read here and again in run_stage: on a DWARF capture that was 5%
+        // of -j 2's CPU (bench/NOTES.md).
         auto hand_run = [&](OrderedQueue::Run run) {
             const size_t mean = q.mean_record_size();
             const OrderedQueue::Entry* e = run.first;
@@ -282,13 +296,8 @@ void Session::run(EventSink& sink) {
                 if (items.size() >= kBatch || rd.batch_bytes >= kBatchBytes) send();
             }
         };
-        // The queue's operations, with the hand that fits.
-        auto queued = [&](auto&& op) {
-            if (stage)
-                op(hand);
-            else
-                op(hand_run);
-        };
+        // The queue's operations: ready records go on a run at a time.
+        auto queued = [&](auto&& op) { op(hand_run); };
         try {
             uint64_t next_progress = begin;
             const uint64_t progress_step = std::max<uint64_t>((end - begin) / 100, 1u << 20);
