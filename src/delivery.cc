@@ -101,6 +101,7 @@ struct alignas(128) ReaderSide {
     RecordStream rs;
     OrderedQueue q;
     HandedBatch batch, back;
+    std::vector<HandedBatch> spares;  // finished batches' vectors, cleared (at most as many as were in flight)
     size_t batch_bytes = 0;
     // The session's EventIds, copied on the reader thread (see event_ids.h),
     // and again after each header record that may change them (pipe mode).
@@ -183,6 +184,7 @@ void Session::run(EventSink& sink) {
         HandedBatch& batch = rd.batch;
         batch.items.reserve(kBatch);
         if (stage) batch.notes.reserve(kBatch);
+        if (threaded) rd.spares.reserve(65);  // the handoff's 64 in flight and one being filled
         // The reader stage over a whole batch, just before it goes: each
         // record in order (the stage's address spaces follow every one), its
         // note beside it. A batch at a time, the records' lines it reads can
@@ -237,13 +239,21 @@ void Session::run(EventSink& sink) {
             rd.batch_bytes = 0;
             // Release the chunks of every batch the stages have finished (not
             // one per send: they would pile up beside the 64 in flight), and
-            // reuse one of those vectors.
+            // keep their vectors for the batches to come. Reusing one per
+            // send (and freeing the rest) allocated the next batch's 96 KiB
+            // every other send: a thread's malloc arena gives freed memory
+            // back (MADV_DONTNEED), and its pages then faulted in anew, 600
+            // of -j 2's page faults on the DWARF capture (bench/NOTES.md).
             while (handoff.take_done(rd.back)) {
                 for (const Handed& h : rd.back.items) chunks.release(h.chunk);
                 for (const void* note : rd.back.notes)
                     if (note) stage->release(note);  // notes come only with a stage
                 rd.back.clear();
-                if (batch.items.capacity() < rd.back.items.capacity()) std::swap(batch, rd.back);
+                rd.spares.push_back(std::move(rd.back));
+            }
+            if (!rd.spares.empty()) {  // batch was moved into the handoff
+                batch = std::move(rd.spares.back());
+                rd.spares.pop_back();
             }
             batch.items.reserve(kBatch);
             if (stage) batch.notes.reserve(kBatch);
