@@ -46,6 +46,10 @@ const void* ReaderStacks::on_record(const RawRecord& r, const EventInfo& ev, boo
             // scheduler samples are left to the stages.
             if (!stop_at_probes_ || probes_seen_ || !is_gil_probe(ev.gil_kind)) return nullptr;
         }
+        // Only a sched_switch (or a probe, above) can be classified here:
+        // the rest (wake-ups, half of a DWARF capture's samples) are not
+        // parsed for nothing.
+        if (ev.kind != TpKind::SchedSwitch && !(stop_at_probes_ && is_gil_probe(ev.gil_kind))) return nullptr;
         const size_t i = static_cast<size_t>(ev.index);
         if (samples_.size() <= i) samples_.resize(i + 1);
         Sample& s = samples_[i];
