@@ -241,9 +241,9 @@ void Session::run(EventSink& sink) {
             // one per send: they would pile up beside the 64 in flight), and
             // keep their vectors for the batches to come. Reusing one per
             // send (and freeing the rest) allocated the next batch's 96 KiB
-            // every other send: a thread's malloc arena gives freed memory
-            // back (MADV_DONTNEED), and its pages then faulted in anew, 600
-            // of -j 2's page faults on the DWARF capture (bench/NOTES.md).
+            // every other send, in a thread arena that gives freed memory
+            // back (MADV_DONTNEED) and faults it in anew: 742 allocations of
+            // 16 KiB and more on the DWARF capture at -j 2, now 91 (bench/NOTES.md).
             while (handoff.take_done(rd.back)) {
                 for (const Handed& h : rd.back.items) chunks.release(h.chunk);
                 for (const void* note : rd.back.notes)
@@ -278,8 +278,8 @@ void Session::run(EventSink& sink) {
         // run_stage counts them exactly). A batch is filled from a run in one
         // loop (as much of it as the batch takes), then sent if full. With a
         // reader stage the queue handed on one record at a time, its header
-        // read here and again in run_stage: on a DWARF capture that was 5%
-        // of -j 2's CPU (bench/NOTES.md).
+        // read here and again in run_stage (1.3% of -j 2's instructions on
+        // the DWARF capture, bench/NOTES.md).
         auto hand_run = [&](OrderedQueue::Run run) {
             const size_t mean = q.mean_record_size();
             const OrderedQueue::Entry* e = run.first;
