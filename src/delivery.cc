@@ -96,7 +96,7 @@ constexpr unsigned kPumpEvery = 8;
 // core had just written.
 struct alignas(128) ReaderSide {
     ReaderSide(const MappedFile& file, uint64_t begin, uint64_t end, bool swap, size_t chunk_size)
-        : rs(file, begin, end, swap, chunks, chunk_size), q(chunks, 4u << 20, swap) {}
+        : rs(file, begin, end, swap, chunks, chunk_size), q(chunks, 4u << 20) {}
     ChunkTable chunks;  // before rs and q: they release chunks when destroyed
     RecordStream rs;
     OrderedQueue q;

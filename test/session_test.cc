@@ -74,6 +74,25 @@ void check_small(const Analysis& a) {
     CHECK(t->tgid == 10);
 }
 
+// A deliver(OrderedQueue::Run) that hands each record of the run on as a
+// RawRecord, its header read as the stages read it, with the queue's
+// reference to its chunk (f releases it).
+template <class F>
+auto each_record(ChunkTable& chunks, F f) {
+    return [&chunks, f](OrderedQueue::Run run) mutable {
+        for (const OrderedQueue::Entry* e = run.first; e != run.last; ++e) {
+            const uint32_t c = e->chunk();
+            const uint8_t* rec = chunks.data(c) + e->pos;
+            RawRecord r;
+            read_framed(rec, false, r);
+            r.offset = chunks.origin(c, rec);
+            r.chunk = c;
+            r.event = e->event();
+            f(r);
+        }
+    };
+}
+
 // Record k of a chunk of 16-byte records (its body holds k), pushed at time t.
 template <class Deliver>
 void push_numbered(OrderedQueue& q, ChunkTable& chunks, uint32_t id, uint64_t k, uint64_t t, Deliver& deliver) {
@@ -100,10 +119,10 @@ void check_rounds(uint64_t cpus, uint64_t rounds, uint64_t per_cpu, uint64_t see
     chunks.bytes(id).resize(n * 16);
     std::vector<std::pair<uint64_t, uint64_t>> expect;  // (time, push index)
     std::vector<uint64_t> out;
-    auto deliver = [&](const RawRecord& r) {
+    auto deliver = each_record(chunks, [&](const RawRecord& r) {
         out.push_back(load<uint64_t>(r.body.data(), false));
         chunks.release(r.chunk);  // the queue's reference comes with the record
-    };
+    });
     uint64_t k = 0;
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
     for (uint64_t round = 0; round < rounds; ++round) {
@@ -350,10 +369,10 @@ TEST_CASE("bounded queue: without rounds the older half is released; chunks are 
     // Records carry their push index in the body, so delivery order is visible.
     const uint32_t id = chunks.acquire(20 * 16, 0, false);
     chunks.bytes(id).resize(20 * 16);
-    auto deliver = [&](const RawRecord& r) {
+    auto deliver = each_record(chunks, [&](const RawRecord& r) {
         out.push_back(load<uint64_t>(r.body.data(), false));
         chunks.release(r.chunk);  // the queue's reference comes with the record
-    };
+    });
     for (uint64_t t = 0; t < 20; ++t) push_numbered(q, chunks, id, t, t % 2 ? t : 19 - t, deliver);  // two interleaved runs
     CHECK(q.peak_size() <= 9);
     CHECK(q.half_flushes() > 0);
@@ -375,10 +394,10 @@ TEST_CASE("equal timestamps keep file order across runs and rounds") {
     const uint32_t id = chunks.acquire(64 * 16, 0, false);
     chunks.bytes(id).resize(64 * 16);
     std::vector<uint64_t> out;
-    auto deliver = [&](const RawRecord& r) {
+    auto deliver = each_record(chunks, [&](const RawRecord& r) {
         out.push_back(load<uint64_t>(r.body.data(), false));
         chunks.release(r.chunk);  // the queue's reference comes with the record
-    };
+    });
     // Four "CPU runs" of (time 5, 5, 7) each, pushed in file order 0..11.
     uint64_t n = 0;
     for (int run = 0; run < 4; ++run)
@@ -612,10 +631,10 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
             const uint32_t id = chunks.acquire(n * 16, 0, false);
             chunks.bytes(id).resize(n * 16);
             Run run;
-            auto deliver = [&](const RawRecord& r) {
+            auto deliver = each_record(chunks, [&](const RawRecord& r) {
                 run.out.push_back(load<uint64_t>(r.body.data(), false));
                 chunks.release(r.chunk);
-            };
+            });
             uint64_t seed = 99, k = 0;
             auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
             for (uint64_t round = 0; round < kRounds; ++round) {
@@ -654,7 +673,7 @@ TEST_CASE("ordering: ready records pumped a few at a time while the next round i
     }
 }
 
-TEST_CASE("ordering: a deliver(Run) is handed each record where a RawRecord deliver reads it, in the same order, with its event") {
+TEST_CASE("ordering: each record of a delivered run is where its entry says (chunk, position, offset), in order, with its event") {
     // Records of 16, 24 and 40 bytes in a file chunk and a decompressed one
     // (whose records' offset is that of their COMPRESSED record), 4 CPU runs
     // per round with ties and late records, pumped a few at a time; with and
@@ -683,12 +702,12 @@ TEST_CASE("ordering: a deliver(Run) is handed each record where a RawRecord deli
             chunks.bytes(dec).resize(1 << 16);
             size_t used[2] = {0, 0};
             std::vector<Out> out;
-            auto raw = [&](const RawRecord& r) {
+            auto raw = each_record(chunks, [&](const RawRecord& r) {
                 REQUIRE(r.size == r.body.size() + PERF_EVENT_HEADER_SIZE);
                 out.push_back({static_cast<uint64_t>(r.body.data() - PERF_EVENT_HEADER_SIZE - chunks.data(r.chunk)), r.offset,
                                r.chunk, chunks.compressed(r.chunk), r.event});
                 chunks.release(r.chunk);
-            };
+            });
             auto at = [&](OrderedQueue::Run run) {
                 REQUIRE(run.first < run.last);
                 longest_run = std::max<size_t>(longest_run, static_cast<size_t>(run.last - run.first));
@@ -870,10 +889,10 @@ TEST_CASE("ordering: against a model of perf's rule, with late records, ties, lo
         const uint32_t id = chunks.acquire(n * 16, 0, false);
         chunks.bytes(id).resize(n * 16);
         std::vector<uint64_t> out;
-        auto deliver = [&](const RawRecord& r) {
+        auto deliver = each_record(chunks, [&](const RawRecord& r) {
         out.push_back(load<uint64_t>(r.body.data(), false));
         chunks.release(r.chunk);  // the queue's reference comes with the record
-    };
+    });
         Model m;
         m.max_queued = max_queued;
         uint64_t k = 0, base = 1000;

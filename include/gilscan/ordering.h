@@ -7,9 +7,9 @@
 //   q.drain(deliver);            // deliver what it made ready now, or
 //   q.pump(deliver, 512);        //   a few at a time while reading on
 //   q.flush_all(deliver);        // at the end of the data
-//   // deliver(const RawRecord& r): owns the queue's reference to r.chunk
-//   // (chunks.release(r.chunk) when done with the record); or
-//   // deliver(OrderedQueue::Run): ready records a run at a time, unread
+//   // deliver(OrderedQueue::Run): ready records a run at a time, unread;
+//   // it owns the queue's reference to each one's chunk
+//   // (chunks.release(e->chunk()) when done with the record)
 //
 // perf writes the per-CPU ring buffers out in rounds; every event of a round
 // is later than everything released at the end of the round before it, so at
@@ -55,8 +55,8 @@ namespace gilscan {
 
 class OrderedQueue {
 public:
-    explicit OrderedQueue(ChunkTable& chunks, size_t max_queued = 4u << 20, bool swap = false)
-        : chunks_(chunks), max_queued_(max_queued), swap_(swap) {}
+    explicit OrderedQueue(ChunkTable& chunks, size_t max_queued = 4u << 20)
+        : chunks_(chunks), max_queued_(max_queued) {}
 
     // A queued record: its time, where it is (a ChunkTable id and the
     // position of its header there, bytes unread) and the event the reader
@@ -68,7 +68,7 @@ public:
         uint32_t chunk() const { return chunk_event & (ChunkTable::kMaxChunks - 1); }
         int event() const { return static_cast<int>(chunk_event >> kChunkBits) - 1; }  // -1 .. 4094 (-1: not known)
     };
-    // What a deliver(Run) is handed instead of one RawRecord at a time:
+    // What deliver() is handed, rather than one RawRecord at a time:
     // ready records in order, consecutive entries of the queue, their bytes
     // unread (a 64-CPU round's records are spread over 12 MB of chunks, and
     // reading each one's header here was a cache miss per record on the
@@ -130,7 +130,6 @@ public:
         // The queue is at its largest before records leave it: here (drain
         // pumps too), not at every push.
         peak_ = std::max(peak_, queued_);
-        RawRecord r;
         // Mostly one side is ready (a round's records are released with the
         // round after it): each side's run is delivered straight, the two
         // compared only while both have ready records.
@@ -138,9 +137,9 @@ public:
             if (old_head_ < old_ready_ && new_head_ < new_ready_) {
                 // Ties: the older array first (its records were read first).
                 if (new_[new_head_].time < old_[old_head_].time)
-                    emit_from(new_, new_head_, new_ready_, r, deliver);
+                    emit_from(new_, new_head_, deliver);
                 else
-                    emit_from(old_, old_head_, old_ready_, r, deliver);
+                    emit_from(old_, old_head_, deliver);
                 --n;
                 continue;
             }
@@ -150,14 +149,10 @@ public:
             const size_t end = std::min(from_old ? old_ready_ : new_ready_, head + n);
             if (head == end) return;
             n -= end - head;
-            if constexpr (std::is_invocable_v<Deliver&, Run>) {
-                const size_t first = head;
-                head = end;
-                queued_ -= end - first;
-                deliver(Run{side.data() + first, side.data() + end});
-            } else {
-                while (head < end) emit_from(side, head, end, r, deliver);
-            }
+            const size_t first = head;
+            head = end;
+            queued_ -= end - first;
+            deliver(Run{side.data() + first, side.data() + end});
         }
     }
     size_t ready() const { return (old_ready_ - old_head_) + (new_ready_ - new_head_); }
@@ -438,34 +433,15 @@ private:
         if (any) last_flushed_ = last;
     }
 
-    static constexpr size_t kAhead = 8;
-    void prefetch(const Entry& e) const { __builtin_prefetch(chunks_.data(e.chunk()) + e.pos); }
-
-    // Delivers side[head] (and moves head on). A deliver(const RawRecord&)
-    // gets the record's header read, having asked for the header of a record
-    // a few entries further on: records are scattered over the round's
-    // chunks (a miss per record was the largest cost of a 64-CPU capture's
-    // ordering). A deliver(Run) gets a run of one. The queue's reference to
-    // the record's chunk goes with it: deliver() releases it when done with
-    // the record (a release here and a retain there were two more writes per
-    // record).
+    // Delivers side[head] as a run of one (and moves head on). The queue's
+    // reference to the record's chunk goes with it: deliver() releases it
+    // when done with the record (a release here and a retain there were two
+    // more writes per record).
     template <class Deliver>
-    void emit_from(const Entries& side, size_t& head, size_t end, RawRecord& r, Deliver& deliver) {
+    void emit_from(const Entries& side, size_t& head, Deliver& deliver) {
         --queued_;
-        if constexpr (std::is_invocable_v<Deliver&, Run>) {
-            const Entry* e = side.data() + head++;
-            deliver(Run{e, e + 1});
-        } else {
-            if (head + kAhead < end) prefetch(side[head + kAhead]);
-            const Entry& e = side[head++];
-            const uint32_t chunk = e.chunk();
-            const uint8_t* rec = chunks_.data(chunk) + e.pos;
-            read_framed(rec, swap_, r);
-            r.offset = chunks_.origin(chunk, rec);
-            r.chunk = chunk;
-            r.event = e.event();
-            deliver(r);
-        }
+        const Entry* e = side.data() + head++;
+        deliver(Run{e, e + 1});
     }
 
     ChunkTable& chunks_;
@@ -480,7 +456,6 @@ private:
     // A bucket's low-digit counters (up to 64 bits of span: 8 passes of 8 or 9 bits).
     uint32_t low_counts_[8 << kLowDigitBits];
     size_t max_queued_;
-    bool swap_;
     uint64_t next_flush_ = 0;
     uint64_t max_time_ = 0;  // of the records arranged so far
     uint64_t last_flushed_ = 0;
