@@ -1,6 +1,10 @@
 #include "gilscan/trace_relay.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <new>
+
+#include <sys/mman.h>
 
 namespace gilscan {
 
@@ -74,7 +78,41 @@ enum : uint8_t { kCut = 1, kWokenBeforeSwitch = 2, kPreempted = 4, kStackRef = 8
 
 }  // namespace
 
-TraceRelay::TraceRelay(TraceWriter& writer) : writer_(writer), filter_(writer.filter()) { block_.resize(kBlock); }
+TraceRelay::Slabs::~Slabs() {
+    for (void* s : slabs_) std::free(s);
+}
+
+uint8_t* TraceRelay::Slabs::take() {
+    constexpr size_t kSlab = 2u << 20;
+    static_assert(kSlab % kBlock == 0);
+    std::lock_guard<std::mutex> l(mu_);
+    if (free_.empty()) {
+        void* s = std::aligned_alloc(kSlab, kSlab);
+        if (!s) throw std::bad_alloc();
+        ::madvise(s, kSlab, MADV_HUGEPAGE);
+        slabs_.push_back(s);
+        // Handed out from the front: a run that needs few blocks touches one end.
+        for (size_t at = kSlab; at > 0; at -= kBlock) free_.push_back(static_cast<uint8_t*>(s) + at - kBlock);
+    }
+    uint8_t* p = free_.back();
+    free_.pop_back();
+    return p;
+}
+
+void TraceRelay::Slabs::give(uint8_t* p) {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.push_back(p);
+}
+
+size_t TraceRelay::Slabs::slabs() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return slabs_.size();
+}
+
+TraceRelay::TraceRelay(TraceWriter& writer)
+    : writer_(writer), filter_(writer.filter()), block_(SlabAllocator<uint8_t>(&slabs_)) {
+    block_.resize(kBlock);
+}
 
 char* TraceRelay::room(size_t n) {
     if (used_ + n > block_.size()) {
@@ -104,7 +142,7 @@ void TraceRelay::hand_off() {
         std::lock_guard<std::mutex> f(fmt_);
         if (format_front()) by_producer_.fetch_add(1, std::memory_order_relaxed);
     }
-    ChunkBytes next;
+    Block next{SlabAllocator<uint8_t>(&slabs_)};
     {
         std::lock_guard<std::mutex> l(mu_);
         if (!spare_.empty()) {  // a formatted block (the one just formatted here, if so)
@@ -126,7 +164,7 @@ bool TraceRelay::format_some() {
 }
 
 bool TraceRelay::format_front() {
-    Full b;
+    Full b{Block(SlabAllocator<uint8_t>(&slabs_)), 0};
     {
         std::lock_guard<std::mutex> l(mu_);
         if (full_.empty() || error_) return false;
@@ -153,7 +191,7 @@ void TraceRelay::close() {
     check_error();
 }
 
-void TraceRelay::replay(const ChunkBytes& block, size_t used) {
+void TraceRelay::replay(const Block& block, size_t used) {
     Unpack u{block.data()};
     const uint8_t* end = block.data() + used;
     while (u.p < end) {

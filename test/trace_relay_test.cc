@@ -4,6 +4,7 @@
 // formats which block, and an error while formatting must reach the stages.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 
 #include "gilscan/error.h"
@@ -134,6 +136,10 @@ std::string trace(Mode mode, const TraceOptions& opt, int n, uint64_t* by_others
                 // stages formatted the oldest whenever the queue was full.
                 CHECK(relay.blocks_formatted_by_producer() > (opt.pids.empty() ? TraceRelay::kMaxQueued : 0));
             }
+            // Some 30 blocks' worth went through at most kMaxQueued + 3 blocks
+            // at a time (queued, being filled, one spare): two slabs of 16.
+            CHECK(relay.slabs_used() >= 1);
+            CHECK(relay.slabs_used() <= 2);
         }
         tw.finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});
         out.commit();
@@ -247,6 +253,36 @@ TEST_CASE("TraceRelay: a write that fails while another thread formats is an err
     CHECK(from_relay);
     // No trace, not even the temporary.
     CHECK(std::filesystem::is_empty(dir.path));
+}
+
+TEST_CASE("TraceRelay: blocks are pieces of 2 MiB slabs, reused; a block resized past kBlock gives its piece back") {
+    constexpr size_t kSlab = 2u << 20;
+    constexpr size_t kPerSlab = kSlab / TraceRelay::kBlock;
+    TraceRelay::Slabs slabs;
+    CHECK(slabs.slabs() == 0);
+    std::vector<uint8_t*> got;
+    for (size_t i = 0; i < kPerSlab; ++i) got.push_back(slabs.take());
+    CHECK(slabs.slabs() == 1);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(*std::min_element(got.begin(), got.end()));
+    CHECK(base % kSlab == 0);
+    std::sort(got.begin(), got.end());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(reinterpret_cast<uintptr_t>(got[i]) == base + i * TraceRelay::kBlock);
+    uint8_t* more = slabs.take();  // the first slab is used up
+    CHECK(slabs.slabs() == 2);
+    CHECK((reinterpret_cast<uintptr_t>(more) < base || reinterpret_cast<uintptr_t>(more) >= base + kSlab));
+    slabs.give(got[5]);
+    CHECK(slabs.take() == got[5]);  // reused, no third slab
+    CHECK(slabs.slabs() == 2);
+
+    TraceRelay::Slabs own;
+    TraceRelay::Block b{TraceRelay::SlabAllocator<uint8_t>(&own)};
+    b.resize(TraceRelay::kBlock);
+    uint8_t* piece = b.data();
+    CHECK(own.slabs() == 1);
+    b.resize(TraceRelay::kBlock + 1);  // one event larger than a block: an allocation of its own
+    CHECK(b.data() != piece);
+    CHECK(own.take() == piece);
+    CHECK(own.slabs() == 1);
 }
 
 // The layout that keeps the two threads off each other's cache lines (see

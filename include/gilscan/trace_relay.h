@@ -32,6 +32,8 @@
 #include <exception>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gilscan/byte_buffer.h"
@@ -77,22 +79,81 @@ private:
     void hand_off();       // the current block to the queue, a spare one in its place
     // Formats the oldest queued block; called with fmt_ held. False: none.
     bool format_front();
-    void replay(const ChunkBytes& block, size_t used);
+public:
+    // Where blocks come from: 2 MiB slabs on transparent huge pages, cut into
+    // kBlock pieces that are reused, never returned before the relay goes.
+    // Blocks of their own (malloc'd at 128 KiB, each its own mmap) took a
+    // fault per 4 KiB page the first time they were filled: about 340 of the
+    // stages' page faults on the bench's DWARF capture at -j 2, at some 10 us
+    // each on this project's VM. A block resized past kBlock (one event
+    // larger than a block) is an ordinary allocation.
+    class Slabs {
+    public:
+        Slabs() = default;
+        Slabs(const Slabs&) = delete;
+        Slabs& operator=(const Slabs&) = delete;
+        ~Slabs();
+        uint8_t* take();
+        void give(uint8_t* p);
+        size_t slabs() const;  // for the tests
+
+    private:
+        mutable std::mutex mu_;
+        std::vector<void*> slabs_;
+        std::vector<uint8_t*> free_;
+    };
+    template <class T>
+    struct SlabAllocator {
+        using value_type = T;
+        using propagate_on_container_move_assignment = std::true_type;
+        using propagate_on_container_swap = std::true_type;
+        using propagate_on_container_copy_assignment = std::true_type;
+        Slabs* slabs = nullptr;
+        explicit SlabAllocator(Slabs* s) noexcept : slabs(s) {}
+        template <class U>
+        SlabAllocator(const SlabAllocator<U>& o) noexcept : slabs(o.slabs) {}
+        T* allocate(size_t n) {
+            if (n * sizeof(T) == kBlock) return reinterpret_cast<T*>(slabs->take());
+            return std::allocator<T>().allocate(n);
+        }
+        void deallocate(T* p, size_t n) noexcept {
+            if (n * sizeof(T) == kBlock) return slabs->give(reinterpret_cast<uint8_t*>(p));
+            std::allocator<T>().deallocate(p, n);
+        }
+        template <class U>
+        void construct(U* p) noexcept {
+            ::new (static_cast<void*>(p)) U;  // no zero fill: every block is written before it is read
+        }
+        template <class U, class... A>
+        void construct(U* p, A&&... a) {
+            ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+        }
+        template <class U>
+        bool operator==(const SlabAllocator<U>& o) const noexcept { return slabs == o.slabs; }
+        template <class U>
+        bool operator!=(const SlabAllocator<U>& o) const noexcept { return slabs != o.slabs; }
+    };
+    using Block = std::vector<uint8_t, SlabAllocator<uint8_t>>;
+    size_t slabs_used() const { return slabs_.slabs(); }
+
+private:
+    void replay(const Block& block, size_t used);
     void check_error();
 
     TraceWriter& writer_;
     const TraceFilter filter_;  // the writer's, copied: see TraceFilter
-    ChunkBytes block_;
+    Slabs slabs_;  // before every block: they go back to it when destroyed
+    Block block_;
     size_t used_ = 0;
 
     alignas(128) std::mutex fmt_;  // held while a block is formatted: one at a time, in order
     std::mutex mu_;   // the queue, the spares, the error
     struct Full {
-        ChunkBytes bytes;
+        Block bytes;
         size_t used = 0;
     };
     std::deque<Full> full_;
-    std::vector<ChunkBytes> spare_;
+    std::vector<Block> spare_;
     std::exception_ptr error_;
     std::atomic<uint64_t> by_others_{0}, by_producer_{0};  // written under fmt_
 };
