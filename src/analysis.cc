@@ -10,6 +10,7 @@
 #include "gilscan/gil_stacks.h"
 #include "gilscan/modules.h"
 #include "gilscan/output_file.h"
+#include "gilscan/preload.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/reader_stacks.h"
@@ -102,6 +103,16 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         session.set_reader_stage(ahead.get());
     }
     StackStats ahead_stats;  // of the labels the reader made and the stages used
+
+    // The binaries the stages will unwind through, loaded while they wait
+    // for the reader's first records (preload.h). -j 3 and up: the workers
+    // have module caches of their own.
+    std::unique_ptr<ModulePreloader> preloader;
+    if (!one_thread && !workers && opt.gil_evidence != "probes" && can_have_stacks) {
+        preloader = std::make_unique<ModulePreloader>(modules);
+        session.set_mmap_seen([p = preloader.get()](const MmapEvent& e) { return p->on_mmap(e); });
+        session.set_stages_idle([p = preloader.get()] { return p->work(); });
+    }
 
     std::unique_ptr<ParallelStackClassifier> parallel;
     if (workers)

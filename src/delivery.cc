@@ -175,7 +175,8 @@ void Session::run(EventSink& sink) {
     // The reader stage only beside the stages: inline, nothing is ahead.
     ReaderStage* const stage = threaded ? reader_stage_ : nullptr;
     const std::function<bool()>* const idle_work = threaded && reader_idle_ ? &reader_idle_ : nullptr;
-    auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, stage, idle_work, begin, end] {
+    const std::function<bool(const MmapEvent&)>* const mmap_seen = threaded && mmap_seen_ ? &mmap_seen_ : nullptr;
+    auto read_all = [this, rdp = side.get(), &handoff, &consume, threaded, stage, idle_work, mmap_seen, begin, end] {
         ReaderSide& rd = *rdp;
         rd.ids = ids_;
         const EventIds& ids = rd.ids;
@@ -369,6 +370,15 @@ void Session::run(EventSink& sink) {
                     continue;
                 }
                 r.event = ev;
+                if (mmap_seen && (r.type == PERF_RECORD_MMAP || r.type == PERF_RECORD_MMAP2)) {
+                    MmapEvent e;
+                    try {
+                        decode_mmap(r.body, r.type, r.misc, events_[static_cast<size_t>(ev)].attr, swap, e);
+                        if ((*mmap_seen)(e)) handoff.nudge();
+                    } catch (const Error&) {
+                        // malformed: the stages skip and count it
+                    }
+                }
                 if (!tp) {
                     queued([&](auto& h) { q.drain(h); });
                     chunks.retain(r.chunk);
@@ -395,7 +405,8 @@ void Session::run(EventSink& sink) {
         });
         HandedBatch batch;
         try {
-            while (handoff.pop(batch)) {
+            auto next = [&] { return stages_idle_ ? handoff.pop(batch, stages_idle_) : handoff.pop(batch); };
+            while (next()) {
                 consume(batch);
                 handoff.done(std::move(batch));
             }

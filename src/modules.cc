@@ -144,18 +144,28 @@ std::unique_ptr<Module> ModuleCache::load(const Mapping& m, const std::string& w
     return mod;
 }
 
-const Module* ModuleCache::get(const Mapping& m) {
-    // [vdso], [anon:...], //anon (JIT code: the -X perf trampolines), memfd, SysV shm: no file.
-    if (m.path.empty() || m.path[0] != '/' || m.path.rfind("//", 0) == 0 || m.path.rfind("/memfd:", 0) == 0 ||
-        m.path.rfind("/SYSV", 0) == 0 || m.path.rfind("/dev/", 0) == 0)
-        return nullptr;
-    std::string_view want = m.build_id;
+bool names_a_file(std::string_view p) {
+    return !p.empty() && p[0] == '/' && p.rfind("//", 0) != 0 && p.rfind("/memfd:", 0) != 0 && p.rfind("/SYSV", 0) != 0 &&
+           p.rfind("/dev/", 0) != 0;
+}
+
+bool ModuleCache::key_of(const Mapping& m, std::string_view& want, std::string_view& key, bool& by_id) const {
+    if (!names_a_file(m.path)) return false;
+    want = m.build_id;
     if (want.empty()) {
         auto it = opt_.build_ids.find(m.path);
         if (it != opt_.build_ids.end()) want = it->second;
     }
-    auto& table = want.empty() ? by_path_ : by_id_;
-    const std::string_view key = want.empty() ? std::string_view(m.path) : want;
+    by_id = !want.empty();
+    key = by_id ? want : std::string_view(m.path);
+    return true;
+}
+
+const Module* ModuleCache::get(const Mapping& m) {
+    std::string_view want, key;
+    bool by_id;
+    if (!key_of(m, want, key, by_id)) return nullptr;
+    auto& table = by_id ? by_id_ : by_path_;
     {
         std::shared_lock<std::shared_mutex> l(mu_);
         auto it = table.find(key);
@@ -164,11 +174,42 @@ const Module* ModuleCache::get(const Mapping& m) {
     std::unique_lock<std::shared_mutex> l(mu_);
     auto it = table.find(key);  // another thread may have loaded it meanwhile
     if (it == table.end()) {
-        auto mod = load(m, std::string(want));
+        auto& ahead = by_id ? ahead_by_id_ : ahead_by_path_;
+        std::unique_ptr<Module> mod;
+        if (auto a = ahead.find(key); a != ahead.end()) {
+            mod = std::move(a->second);
+            ahead.erase(a);
+        } else {
+            mod = load(m, std::string(want));
+        }
         if (!mod->problem.empty()) problems_.push_back(m.path + ": " + mod->problem);
         it = table.emplace(std::string(key), std::move(mod)).first;
     }
     return it->second->elf ? it->second.get() : nullptr;
+}
+
+bool ModuleCache::preload(const Mapping& m) {
+    std::string_view want, key;
+    bool by_id;
+    if (!key_of(m, want, key, by_id)) return false;
+    auto& table = by_id ? by_id_ : by_path_;
+    auto& ahead = by_id ? ahead_by_id_ : ahead_by_path_;
+    {
+        std::shared_lock<std::shared_mutex> l(mu_);
+        if (table.count(key) || ahead.count(key)) return false;
+    }
+    // Loaded without the lock: get() of other modules goes on meanwhile (and
+    // one of this module loads it again; the first one in is kept).
+    auto mod = load(m, std::string(want));
+    std::unique_lock<std::shared_mutex> l(mu_);
+    if (table.count(key) || ahead.count(key)) return false;
+    ahead.emplace(std::string(key), std::move(mod));
+    return true;
+}
+
+size_t ModuleCache::preloaded_unused() const {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    return ahead_by_id_.size() + ahead_by_path_.size();
 }
 
 std::vector<std::string> ModuleCache::problems() const {

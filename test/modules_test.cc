@@ -125,6 +125,40 @@ TEST_CASE("perf's build-id cache and --symfs are searched; a binary that is not 
     CHECK(missing.problems().size() == 1);
 }
 
+TEST_CASE("ModuleCache::preload: get() adopts the module, and problems come when get() asks, in its order") {
+    Workdir w;
+    std::ofstream(w.dir / "fake.c") << kFakePython;
+    REQUIRE(w.sh("gcc -O1 -shared -fPIC -o libpython3.99.so fake.c -lpthread") == 0);
+    const Mapping lib = mapping_of((w.dir / "libpython3.99.so").string());
+    const Mapping gone = mapping_of("/recorded/elsewhere/libgone.so");
+    const Mapping gone2 = mapping_of("/recorded/elsewhere/libgone2.so");
+    ModuleCache mc({});
+    CHECK(mc.preload(gone2));
+    CHECK(mc.preload(lib));
+    CHECK(mc.preload(gone));
+    CHECK_FALSE(mc.preload(lib));  // there already
+    CHECK_FALSE(mc.preload(mapping_of("//anon")));  // no file
+    CHECK(mc.preloaded_unused() == 3);
+    CHECK(mc.problems().empty());  // nothing asked for yet: a preload records nothing
+    const Module* m = mc.get(lib);
+    REQUIRE(m);
+    CHECK(m->python);
+    CHECK(m->take.size() == 1);
+    CHECK(mc.preloaded_unused() == 2);
+    CHECK(mc.get(lib) == m);
+    CHECK_FALSE(mc.preload(lib));  // loaded: nothing to do
+    CHECK(mc.get(gone) == nullptr);
+    CHECK(mc.get(gone2) == nullptr);
+    // In the order get() met them, as without a preload.
+    ModuleCache plain({});
+    CHECK(plain.get(gone) == nullptr);
+    CHECK(plain.get(gone2) == nullptr);
+    REQUIRE(mc.problems().size() == 2);
+    CHECK(mc.problems() == plain.problems());
+    CHECK(mc.problems()[0].find("libgone.so: not found") != std::string::npos);
+    CHECK(mc.preloaded_unused() == 0);
+}
+
 TEST_CASE("load bias from the PT_LOAD holding the mapping's file offset (p_vaddr != p_offset)") {
     // Debian's python3.11 is non-PIE: its text PT_LOAD has p_vaddr - p_offset = 0x400000,
     // so `start - pgoff` (0x400000) is wrong and the bias is 0.

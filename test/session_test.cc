@@ -1087,6 +1087,81 @@ TEST_CASE("Handoff: a byte budget holds the producer back, and a batch larger th
     CHECK(got == std::vector<int>{0, 1, 2});
 }
 
+TEST_CASE("Handoff: pop() with idle work does it while nothing is queued, and wakes for a nudge or a batch") {
+    Handoff<std::vector<int>> h(4);
+    std::mutex mu;
+    std::vector<int> work;  // idle work: numbers to move to done
+    std::vector<int> done;
+    auto idle = [&] {
+        std::lock_guard<std::mutex> l(mu);
+        if (work.empty()) return false;
+        done.push_back(work.back());
+        work.pop_back();
+        return true;
+    };
+    std::atomic<int> stage{0};
+    std::thread producer([&] {
+        {
+            std::lock_guard<std::mutex> l(mu);
+            work = {1, 2, 3};
+        }
+        h.nudge();
+        // Until the consumer has done it all (up to a minute on a loaded machine).
+        for (int i = 0; i < 12000; ++i) {
+            {
+                std::lock_guard<std::mutex> l(mu);
+                if (done.size() == 3) break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        stage = 1;
+        REQUIRE(h.push(std::vector<int>{7}));
+        h.close();
+    });
+    std::vector<int> b;
+    REQUIRE(h.pop(b, idle));  // the idle work first (nothing is queued until it is done), then the batch
+    CHECK(stage.load() == 1);
+    CHECK(b == std::vector<int>{7});
+    {
+        std::lock_guard<std::mutex> l(mu);
+        CHECK(done == std::vector<int>{3, 2, 1});
+    }
+    CHECK_FALSE(h.pop(b, idle));  // closed
+    producer.join();
+
+    // A batch already queued goes first; the idle work left waits for the next pop.
+    Handoff<std::vector<int>> g(4);
+    REQUIRE(g.push(std::vector<int>{5}));
+    {
+        std::lock_guard<std::mutex> l(mu);
+        work = {9};
+        done.clear();
+    }
+    g.nudge();
+    REQUIRE(g.pop(b, idle));
+    CHECK(b == std::vector<int>{5});
+    {
+        std::lock_guard<std::mutex> l(mu);
+        CHECK(done.empty());
+    }
+    std::thread p2([&] {
+        for (int i = 0; i < 12000; ++i) {
+            {
+                std::lock_guard<std::mutex> l(mu);
+                if (!done.empty()) break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        REQUIRE(g.push(std::vector<int>{6}));
+        g.close();
+    });
+    REQUIRE(g.pop(b, idle));  // the work left over, without a new nudge; then the batch
+    CHECK(b == std::vector<int>{6});
+    p2.join();
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(done == std::vector<int>{9});
+}
+
 // A stage that fails at its 5000th sample, as a full disk would.
 struct ThrowsAt5000 : EventSink {
     int n = 0;

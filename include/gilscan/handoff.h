@@ -8,6 +8,8 @@
 //              h.wait_idle();                 // everything pushed so far is consumed
 //              h.close();                     // no more batches
 //   consumer:  while (h.pop(b)) { ...; h.done(std::move(b)); }
+//              h.pop(b, [&] { return other_work(); });  // while nothing is queued
+//   anyone:    h.nudge();                     // there is other work for pop() now
 //              h.abort();                     // on error: the producer stops
 //
 // Session uses it to decode and order records on one core while the stages
@@ -48,12 +50,37 @@ public:
     bool pop(Batch& out) {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return closed_ || aborted_ || !full_.empty(); });
-        if (aborted_ || full_.empty()) return false;
-        out = std::move(full_.front().batch);
-        queued_.store(queued_bytes() - full_.front().bytes, std::memory_order_relaxed);
-        full_.pop_front();
+        return pop_locked(out);
+    }
+    // pop(), doing idle() (outside the lock) while nothing is queued. idle()
+    // does one piece of work and returns true, or returns false when it has
+    // none; the consumer then sleeps until a batch comes or nudge() says
+    // there is new idle work. A batch that comes while idle() works waits
+    // for that piece only.
+    template <class Idle>
+    bool pop(Batch& out, Idle&& idle) {
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> l(mu_);
+                cv_.wait(l, [&] { return aborted_ || closed_ || !full_.empty() || nudged_; });
+                if (aborted_ || closed_ || !full_.empty()) break;
+                nudged_ = false;
+            }
+            while (idle()) {
+                std::lock_guard<std::mutex> l(mu_);
+                if (aborted_ || closed_ || !full_.empty()) {
+                    nudged_ = true;  // idle work may be left: look again at the next pop
+                    return pop_locked(out);
+                }
+            }
+        }
+        return pop(out);
+    }
+    // The producer (or anyone): there is new work for pop()'s idle().
+    void nudge() {
+        std::lock_guard<std::mutex> l(mu_);
+        nudged_ = true;
         cv_.notify_all();
-        return true;
     }
     void done(Batch&& batch) {
         std::lock_guard<std::mutex> l(mu_);
@@ -92,6 +119,14 @@ public:
     }
 
 private:
+    bool pop_locked(Batch& out) {  // with mu_ held
+        if (aborted_ || full_.empty()) return false;
+        out = std::move(full_.front().batch);
+        queued_.store(queued_bytes() - full_.front().bytes, std::memory_order_relaxed);
+        full_.pop_front();
+        cv_.notify_all();
+        return true;
+    }
     // The byte bound: a batch always fits into an empty queue.
     bool fits(size_t queued, size_t bytes) const { return max_bytes_ == 0 || queued == 0 || queued + bytes <= max_bytes_; }
     std::mutex mu_;
@@ -106,6 +141,7 @@ private:
     std::atomic<size_t> queued_{0};  // bytes of full_
     uint64_t pushed_ = 0, finished_ = 0;
     bool closed_ = false, aborted_ = false;
+    bool nudged_ = false;  // new work for pop()'s idle()
 };
 
 }  // namespace gilscan

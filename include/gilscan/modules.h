@@ -58,6 +58,11 @@ struct ModuleOptions {
     std::string perf_maps;                               // where perf-PID.map files are ("": none; perf_map.h)
 };
 
+// Whether a mapped path names a file a module can be loaded from: not
+// [vdso], [anon:...], //anon (JIT code: the -X perf trampolines), memfd,
+// SysV shm, a device.
+bool names_a_file(std::string_view path);
+
 // Thread-safe: the -j workers share one cache, so each binary is opened,
 // parsed and searched for the GIL functions once. Modules never change
 // after loading; a hit takes a shared lock and allocates nothing (it runs
@@ -67,16 +72,29 @@ public:
     explicit ModuleCache(ModuleOptions opt);
     // The module for a mapping, or nullptr (problem recorded once per path).
     const Module* get(const Mapping& m);
+    // Loads the module for a mapping before anything asks for it (the
+    // stages' thread while it waits for its first records: ModulePreloader),
+    // without the lock held while it loads. Nothing is recorded: get()
+    // adopts the module the first time it is asked for, and records its
+    // problem then, so problems() comes out as without a preload. False when
+    // there was nothing to load (no file, or loaded already).
+    bool preload(const Mapping& m);
+    // Modules preloaded and not yet asked for (tests).
+    size_t preloaded_unused() const;
     std::vector<std::string> problems() const;
     // The JIT code's symbols (perf maps), read once per process for every thread.
     PerfMaps& perf_maps() { return perf_maps_; }
 
 private:
     std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
+    using Table = std::map<std::string, std::unique_ptr<Module>, std::less<>>;
+    // The table and key of a mapping's module; false: no file behind it.
+    bool key_of(const Mapping& m, std::string_view& want, std::string_view& key, bool& by_id) const;
     ModuleOptions opt_;
     mutable std::shared_mutex mu_;
     std::map<std::string, std::unique_ptr<Module>, std::less<>> by_id_;    // by build-id
     std::map<std::string, std::unique_ptr<Module>, std::less<>> by_path_;  // by path, when no build-id is known
+    Table ahead_by_id_, ahead_by_path_;  // preloaded, not yet asked for (same keys)
     std::vector<std::string> problems_;
     PerfMaps perf_maps_;
 };

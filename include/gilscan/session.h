@@ -127,6 +127,14 @@ public:
     // queue (e.g. TraceRelay::format_some): called until the queue has room
     // or it returns false. It must not touch what the stages use unguarded.
     void set_reader_idle(std::function<bool()> f) { reader_idle_ = std::move(f); }
+    // With a reader thread: every MMAP/MMAP2 record as the reader reads it,
+    // before it is ordered (on the reader thread: it must be quick; true
+    // when it left work for the stages' idle function), and work for the
+    // stages' thread while it has no records (ModulePreloader: the binaries
+    // those maps name, loaded before the first records come), a piece per
+    // call, false when there is none.
+    void set_mmap_seen(std::function<bool(const MmapEvent&)> f) { mmap_seen_ = std::move(f); }
+    void set_stages_idle(std::function<bool()> f) { stages_idle_ = std::move(f); }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -173,6 +181,8 @@ private:
     std::optional<bool> threaded_;
     ReaderStage* reader_stage_ = nullptr;
     std::function<bool()> reader_idle_;
+    std::function<bool(const MmapEvent&)> mmap_seen_;
+    std::function<bool()> stages_idle_;
     // Written by the stages' thread for every record, so on cache lines of
     // their own: sharing one with what the reader thread reads for every
     // record (progress_ sat right after stats_) made each write take the line
