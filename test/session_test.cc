@@ -4,11 +4,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "gilscan/handoff.h"
@@ -1160,6 +1162,73 @@ TEST_CASE("Handoff: pop() with idle work does it while nothing is queued, and wa
     p2.join();
     std::lock_guard<std::mutex> l(mu);
     CHECK(done == std::vector<int>{9});
+}
+
+TEST_CASE("with a reader thread, MMAP records reach set_mmap_seen as read, and its work the stages' idle function") {
+    SchedRecording r;
+    auto mmap2 = [&](int32_t pid, uint64_t start, const std::string& path, uint32_t prot, uint64_t time) {
+        Out o;
+        o.put<int32_t>(pid);
+        o.put<int32_t>(pid);
+        o.put<uint64_t>(start);
+        o.put<uint64_t>(0x2000);
+        o.put<uint64_t>(0);
+        o.put<uint32_t>(254);
+        o.put<uint32_t>(1);
+        o.put<uint64_t>(18834);
+        o.put<uint64_t>(7);
+        o.put<uint32_t>(prot);
+        o.put<uint32_t>(2);
+        o.str(path);
+        o.pad(8);
+        r.w.trailer(o, r.sw, pid, pid, time, 0);
+        r.w.record(PERF_RECORD_MMAP2, 0, o.b);
+    };
+    mmap2(10, 0x400000, "/usr/bin/python3.11", 5, 1);
+    mmap2(10, 0x7f0000000000, "/usr/lib/x86_64-linux-gnu/libc.so.6", 5, 2);
+    mmap2(10, 0x7f0000100000, "/tmp/data.bin", 1, 3);
+    for (uint64_t t = 1; t <= 20000; ++t) {
+        r.switch_(10 + t * 10, static_cast<uint32_t>(t % 4), 10, 10, 1, 0);
+        if (t % 1000 == 0) r.w.finished_round();
+    }
+    TempFile f(r.w.build());
+    Session s(f.path);
+    s.set_threaded(true);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> seen;
+    bool idle_ran = false;
+    int idle_calls = 0;
+    std::atomic<uint64_t> samples{0};
+    s.set_mmap_seen([&](const MmapEvent& e) {
+        std::unique_lock<std::mutex> l(mu);
+        seen.emplace_back(e.filename);
+        if (seen.size() == 1) return true;  // work for the stages: they are nudged
+        // The stages' thread, woken by that nudge, does it before any record
+        // reaches it (none has been handed over yet): wait for it here.
+        CHECK(cv.wait_for(l, std::chrono::seconds(60), [&] { return idle_ran; }));
+        return false;
+    });
+    s.set_stages_idle([&] {
+        std::lock_guard<std::mutex> l(mu);
+        ++idle_calls;
+        if (idle_ran || seen.empty()) return false;
+        CHECK(samples.load() == 0);
+        idle_ran = true;
+        cv.notify_all();
+        return true;
+    });
+    struct Count : EventSink {
+        std::atomic<uint64_t>* n;
+        void on_sample(const Sample&, const EventInfo&) override { ++*n; }
+    } count;
+    count.n = &samples;
+    s.run(count);
+    CHECK(samples.load() == 20000);
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(idle_ran);
+    CHECK(idle_calls >= 2);  // the piece of work, then "no more"
+    CHECK(seen == std::vector<std::string>{"/usr/bin/python3.11", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/tmp/data.bin"});
 }
 
 // A stage that fails at its 5000th sample, as a full disk would.
