@@ -324,6 +324,28 @@ public:
         record(PERF_RECORD_COMM, exec ? PERF_RECORD_MISC_COMM_EXEC : 0, o.b);
     }
 
+    // PERF_RECORD_MMAP2 (device/inode form) of `len` bytes at `start` for pid's main thread.
+    void mmap2(int i, int32_t pid, uint64_t start, uint64_t len, uint64_t pgoff, uint32_t prot, const std::string& path,
+               uint64_t time) {
+        Out o;
+        o.swap = swap;
+        o.put<int32_t>(pid);
+        o.put<int32_t>(pid);
+        o.put<uint64_t>(start);
+        o.put<uint64_t>(len);
+        o.put<uint64_t>(pgoff);
+        o.put<uint32_t>(254);    // maj
+        o.put<uint32_t>(1);      // min
+        o.put<uint64_t>(18834);  // ino
+        o.put<uint64_t>(7);      // ino_generation
+        o.put<uint32_t>(prot);
+        o.put<uint32_t>(2);  // MAP_PRIVATE
+        o.str(path);
+        o.pad(8);
+        trailer(o, i, pid, pid, time, 0);
+        record(PERF_RECORD_MMAP2, 0, o.b);
+    }
+
     void task(uint32_t type, int i, int32_t pid, int32_t ppid, int32_t tid, int32_t ptid, uint64_t time) {
         Out o;
         o.swap = swap;

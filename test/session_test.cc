@@ -1166,27 +1166,9 @@ TEST_CASE("Handoff: pop() with idle work does it while nothing is queued, and wa
 
 TEST_CASE("with a reader thread, MMAP records reach set_mmap_seen as read, and its work the stages' idle function") {
     SchedRecording r;
-    auto mmap2 = [&](int32_t pid, uint64_t start, const std::string& path, uint32_t prot, uint64_t time) {
-        Out o;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(pid);
-        o.put<uint64_t>(start);
-        o.put<uint64_t>(0x2000);
-        o.put<uint64_t>(0);
-        o.put<uint32_t>(254);
-        o.put<uint32_t>(1);
-        o.put<uint64_t>(18834);
-        o.put<uint64_t>(7);
-        o.put<uint32_t>(prot);
-        o.put<uint32_t>(2);
-        o.str(path);
-        o.pad(8);
-        r.w.trailer(o, r.sw, pid, pid, time, 0);
-        r.w.record(PERF_RECORD_MMAP2, 0, o.b);
-    };
-    mmap2(10, 0x400000, "/usr/bin/python3.11", 5, 1);
-    mmap2(10, 0x7f0000000000, "/usr/lib/x86_64-linux-gnu/libc.so.6", 5, 2);
-    mmap2(10, 0x7f0000100000, "/tmp/data.bin", 1, 3);
+    r.w.mmap2(r.sw, 10, 0x400000, 0x2000, 0, 5, "/usr/bin/python3.11", 1);  // PROT_READ|PROT_EXEC
+    r.w.mmap2(r.sw, 10, 0x7f0000000000, 0x2000, 0, 5, "/usr/lib/x86_64-linux-gnu/libc.so.6", 2);
+    r.w.mmap2(r.sw, 10, 0x7f0000100000, 0x2000, 0, 1, "/tmp/data.bin", 3);  // PROT_READ: data
     for (uint64_t t = 1; t <= 20000; ++t) {
         r.switch_(10 + t * 10, static_cast<uint32_t>(t % 4), 10, 10, 1, 0);
         if (t % 1000 == 0) r.w.finished_round();
