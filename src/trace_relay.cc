@@ -83,7 +83,7 @@ TraceRelay::Slabs::~Slabs() {
 }
 
 uint8_t* TraceRelay::Slabs::take() {
-    constexpr size_t kSlab = 2u << 20;
+    constexpr size_t kSlab = HugeUninitAllocator<uint8_t>::kHuge;  // one huge page
     static_assert(kSlab % kBlock == 0);
     std::lock_guard<std::mutex> l(mu_);
     if (free_.empty()) {

@@ -86,14 +86,14 @@ public:
     PerfMaps& perf_maps() { return perf_maps_; }
 
 private:
-    std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
     using Table = std::map<std::string, std::unique_ptr<Module>, std::less<>>;
+    std::unique_ptr<Module> load(const Mapping& m, const std::string& want_id);
     // The table and key of a mapping's module; false: no file behind it.
     bool key_of(const Mapping& m, std::string_view& want, std::string_view& key, bool& by_id) const;
     ModuleOptions opt_;
     mutable std::shared_mutex mu_;
-    std::map<std::string, std::unique_ptr<Module>, std::less<>> by_id_;    // by build-id
-    std::map<std::string, std::unique_ptr<Module>, std::less<>> by_path_;  // by path, when no build-id is known
+    Table by_id_;    // by build-id
+    Table by_path_;  // by path, when no build-id is known
     Table ahead_by_id_, ahead_by_path_;  // preloaded, not yet asked for (same keys)
     std::vector<std::string> problems_;
     PerfMaps perf_maps_;

@@ -2,7 +2,7 @@
 // while the stages' thread would otherwise wait for its first records.
 //
 //   ModulePreloader pre(modules);
-//   session.set_mmap_seen([&](const MmapEvent& e) { pre.on_mmap(e); });  // reader thread
+//   session.set_mmap_seen([&](const MmapEvent& e) { return pre.on_mmap(e); });  // reader thread
 //   session.set_stages_idle([&] { return pre.work(); });                  // stages' thread
 //
 // Why: the reader hands the stages their first records only when the first

@@ -71,15 +71,6 @@ public:
     uint64_t blocks_formatted_by_others() const { return by_others_.load(std::memory_order_relaxed); }
     uint64_t blocks_formatted_by_producer() const { return by_producer_.load(std::memory_order_relaxed); }
 
-private:
-    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
-    template <class... F>
-    void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
-    char* room(size_t n);  // n bytes at the end of the current block
-    void hand_off();       // the current block to the queue, a spare one in its place
-    // Formats the oldest queued block; called with fmt_ held. False: none.
-    bool format_front();
-public:
     // Where blocks come from: 2 MiB slabs on transparent huge pages, cut into
     // kBlock pieces that are reused, never returned before the relay goes.
     // Blocks of their own (malloc'd at 128 KiB, each its own mmap) took a
@@ -102,31 +93,30 @@ public:
         std::vector<void*> slabs_;
         std::vector<uint8_t*> free_;
     };
+    // A vector's allocator: kBlock pieces from the slabs, anything else from
+    // the heap; no zero fill (UninitAllocator: every block is written before
+    // it is read).
     template <class T>
-    struct SlabAllocator {
-        using value_type = T;
+    struct SlabAllocator : UninitAllocator<T> {
+        template <class U>
+        struct rebind {
+            using other = SlabAllocator<U>;
+        };
         using propagate_on_container_move_assignment = std::true_type;
         using propagate_on_container_swap = std::true_type;
         using propagate_on_container_copy_assignment = std::true_type;
+        using is_always_equal = std::false_type;
         Slabs* slabs = nullptr;
         explicit SlabAllocator(Slabs* s) noexcept : slabs(s) {}
         template <class U>
         SlabAllocator(const SlabAllocator<U>& o) noexcept : slabs(o.slabs) {}
         T* allocate(size_t n) {
             if (n * sizeof(T) == kBlock) return reinterpret_cast<T*>(slabs->take());
-            return std::allocator<T>().allocate(n);
+            return std::allocator<T>::allocate(n);
         }
         void deallocate(T* p, size_t n) noexcept {
             if (n * sizeof(T) == kBlock) return slabs->give(reinterpret_cast<uint8_t*>(p));
-            std::allocator<T>().deallocate(p, n);
-        }
-        template <class U>
-        void construct(U* p) noexcept {
-            ::new (static_cast<void*>(p)) U;  // no zero fill: every block is written before it is read
-        }
-        template <class U, class... A>
-        void construct(U* p, A&&... a) {
-            ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+            std::allocator<T>::deallocate(p, n);
         }
         template <class U>
         bool operator==(const SlabAllocator<U>& o) const noexcept { return slabs == o.slabs; }
@@ -134,9 +124,16 @@ public:
         bool operator!=(const SlabAllocator<U>& o) const noexcept { return slabs != o.slabs; }
     };
     using Block = std::vector<uint8_t, SlabAllocator<uint8_t>>;
-    size_t slabs_used() const { return slabs_.slabs(); }
+    size_t slabs_used() const { return slabs_.slabs(); }  // for the tests
 
 private:
+    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
+    template <class... F>
+    void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
+    char* room(size_t n);  // n bytes at the end of the current block
+    void hand_off();       // the current block to the queue, a spare one in its place
+    // Formats the oldest queued block; called with fmt_ held. False: none.
+    bool format_front();
     void replay(const Block& block, size_t used);
     void check_error();
 
