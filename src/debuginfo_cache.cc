@@ -246,6 +246,11 @@ void set_debuginfo_cache(std::string dir, unsigned threads, uint64_t max_bytes) 
     g_max_bytes = max_bytes;
 }
 
+std::string debuginfo_cache_dir() {
+    std::lock_guard<std::mutex> l(g_mu);
+    return g_dir;
+}
+
 uint64_t default_debuginfo_cache_limit() {
     const char* v = std::getenv("GILSCAN_CACHE_MAX_MB");
     if (v && *v) {

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/byte_buffer.h"
 #include "gilscan/frame_names.h"
 #include "gilscan/perf_map.h"
@@ -52,8 +53,9 @@ void frame_evidence(std::string& out, std::string_view function, uint64_t offset
 GilStackClassifier::NameCache::NameCache(const RecordedKernel& rec, bool kernel_names, bool background)
     : kernel_maps(rec.maps) {
     if (!kernel_names) return;
-    ksyms = std::async(background ? std::launch::async : std::launch::deferred, [rec] {
-                return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(rec));
+    // The kernel's table is kept beside the inflated debug files (--cache-dir, --no-cache).
+    ksyms = std::async(background ? std::launch::async : std::launch::deferred, [rec, dir = debuginfo_cache_dir()] {
+                return std::shared_ptr<const KernelSymbols>(std::make_shared<KernelSymbols>(rec, dir));
             }).share();
 }
 

@@ -16,8 +16,9 @@ namespace gilscan {
 
 namespace {
 
-// A /proc or /sys file read whole (their sizes read as 0 or 4096: read until EOF).
-std::string read_proc(const char* path, size_t block, size_t expect) {
+// A /proc or /sys file read whole (their sizes read as 0 or 4096: read until
+// EOF), or its first block only (once).
+std::string read_proc(const char* path, size_t block, size_t expect, bool once = false) {
     std::string text;
     text.reserve(expect);
     int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -28,7 +29,7 @@ std::string read_proc(const char* path, size_t block, size_t expect) {
         ssize_t n = ::read(fd, text.data() + have, block);
         text.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
+        if (n <= 0 || once) break;
     }
     ::close(fd);
     return text;
@@ -117,29 +118,66 @@ std::string build_id_of_notes(std::string_view notes) {
 
 std::string running_kernel_build_id() { return build_id_of_notes(read_proc("/sys/kernel/notes", 4096, 4096)); }
 
-KernelSymbols::KernelSymbols(const RecordedKernel& rec) {
+std::string kallsyms_modules_key(std::string_view text) {
+    std::string key;
+    for (size_t pos = 0; pos < text.size();) {
+        size_t eol = text.find('\n', pos);
+        if (eol == std::string_view::npos) eol = text.size();
+        const std::string_view line = text.substr(pos, eol - pos);
+        pos = eol + 1;
+        const size_t sp1 = line.find(' '), sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+        const size_t addr_at = line.rfind(" 0x");
+        if (sp2 == std::string_view::npos || addr_at == std::string_view::npos) continue;
+        std::string_view addr = line.substr(addr_at + 1);
+        addr = addr.substr(0, addr.find(' '));
+        key.append(line.substr(0, sp2)).append(" ").append(addr).append("\n");
+    }
+    return key;
+}
+
+KernelSymbols::KernelSymbols(const RecordedKernel& rec, const std::string& cache_dir) {
+    const std::string running = running_kernel_build_id();
     if (!rec.build_id.empty()) {
         // A build-id says more than a release: two builds can share one.
-        if (rec.build_id != running_kernel_build_id()) return;
+        if (rec.build_id != running) return;
     } else {
         struct utsname u {};
         if (rec.release.empty() || ::uname(&u) != 0 || rec.release != u.release) return;
+    }
+    const std::string modules = read_proc("/proc/modules", 64u << 10, 64u << 10);
+    parse_modules(modules);
+    KallsymsKey key;
+    if (!cache_dir.empty() && !running.empty()) {
+        key.build_id = running;
+        key.boot_id = read_proc("/proc/sys/kernel/random/boot_id", 64, 64);
+        key.modules = kallsyms_modules_key(modules);
+        // The first line only: the kernel formats as much as is asked for.
+        key.first_line = read_proc("/proc/kallsyms", 256, 256, /*once=*/true);
+        key.first_line = key.first_line.substr(0, key.first_line.find('\n'));
+        entry_ = load_kallsyms_cache(cache_dir, key);
+        if (entry_) {
+            table_ = entry_->table();
+            source_ = Source::cache;
+            return;
+        }
     }
     // About 120k lines, 5 MB: read in large blocks and indexed in place (the
     // text is the name arena). A string per symbol and a sort by name made
     // this take 100+ ms; the kernel's own formatting takes about 30.
     text_ = read_proc("/proc/kallsyms", 256u << 10, 8u << 20);
     parse_kallsyms();
-    parse_modules(read_proc("/proc/modules", 64u << 10, 64u << 10));
+    source_ = write_kallsyms_cache(cache_dir, key, table_) ? Source::proc_cached : Source::proc;
 }
 
-KernelSymbols::KernelSymbols(std::string kallsyms, std::string_view proc_modules) : text_(std::move(kallsyms)) {
+KernelSymbols::KernelSymbols(Texts, std::string kallsyms, std::string_view proc_modules) : text_(std::move(kallsyms)) {
     parse_kallsyms();
     parse_modules(proc_modules);
+    source_ = Source::proc;
 }
 
 void KernelSymbols::parse_kallsyms() {
     syms_.reserve(text_.size() / 40);
+    uint64_t text_addr = 0, stext_addr = 0, etext = 0, einittext = 0;
     const char* base = text_.data();
     const char* p = base;
     const char* end = p + text_.size();
@@ -160,17 +198,33 @@ void KernelSymbols::parse_kallsyms() {
                 const char* name = sp + 3;
                 const char* name_end = static_cast<const char*>(std::memchr(name, '\t', static_cast<size_t>(eol - name)));
                 if (!name_end) name_end = eol;
-                syms_.push_back({addr, static_cast<uint32_t>(name - base), static_cast<uint32_t>(name_end - name)});
+                // BPF programs ("\t[bpf]") and ftrace or kprobe trampolines
+                // ("\t[__builtin__ftrace]", "\t[__builtin__kprobes]") are
+                // listed after the modules (kernel/kallsyms.c) and come and go
+                // without /proc/modules changing: left out, so that a cached
+                // table names what a fresh one does.
+                const std::string_view tag(name_end, static_cast<size_t>(eol - name_end));
+                const bool dynamic = tag == "\t[bpf]" || tag.rfind("\t[__builtin__", 0) == 0;
+                if (!dynamic && name_end > name)
+                    syms_.push_back({addr, static_cast<uint32_t>(name - base), static_cast<uint32_t>(name_end - name)});
                 const std::string_view n(name, static_cast<size_t>(name_end - name));
-                if (n == "_text" && !text_addr_) text_addr_ = addr;
-                if (n == "_stext" && !stext_addr_) stext_addr_ = addr;
+                if (n == "_text" && !text_addr) text_addr = addr;
+                if (n == "_stext" && !stext_addr) stext_addr = addr;
+                if (n == "_etext" && !etext) etext = addr;
+                if (n == "_einittext" && !einittext) einittext = addr;
             }
         }
         p = eol + 1;
     }
     // The kernel's own symbols come in address order, modules' after them.
-    auto by_addr = [](const Sym& a, const Sym& b) { return a.addr < b.addr; };
+    auto by_addr = [](const KallsymsSym& a, const KallsymsSym& b) { return a.addr < b.addr; };
     if (!std::is_sorted(syms_.begin(), syms_.end(), by_addr)) std::stable_sort(syms_.begin(), syms_.end(), by_addr);
+    table_.names = text_;
+    table_.syms = reinterpret_cast<const unsigned char*>(syms_.data());
+    table_.nsyms = syms_.size();
+    table_.text_addr = text_addr;
+    table_.stext_addr = stext_addr;
+    table_.text_end = std::max(etext, einittext);
 }
 
 void KernelSymbols::parse_modules(std::string_view text) {
@@ -197,14 +251,25 @@ void KernelSymbols::parse_modules(std::string_view text) {
 std::string KernelSymbols::name(uint64_t addr) const {
     // The last symbol at or below addr; of several at that address, the
     // greatest name (an order that does not depend on how they are listed).
-    auto it = std::upper_bound(syms_.begin(), syms_.end(), addr, [](uint64_t a, const Sym& s) { return a < s.addr; });
-    if (it == syms_.begin()) return unnamed_frame_text(addr, "[kernel]");
-    --it;
-    const std::string_view text = text_;
-    std::string_view best = text.substr(it->name, it->len);
-    for (auto e = it; e != syms_.begin() && std::prev(e)->addr == it->addr;) {
-        --e;
-        best = std::max(best, text.substr(e->name, e->len));
+    const KallsymsTable& t = table_;
+    size_t lo = 0, hi = t.nsyms;  // the first symbol above addr, by bisection
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (t.sym(mid).addr <= addr) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return unnamed_frame_text(addr, "[kernel]");
+    const KallsymsSym at = t.sym(lo - 1);
+    const std::string_view text = t.names;
+    // Past the image's text, in no module's symbols (a BPF program, a
+    // trampoline, memory since freed): its last symbol would name it with
+    // an offset of megabytes.
+    const bool in_module = at.name + at.len < text.size() && text[at.name + at.len] == '\t';
+    if (!in_module && t.text_end && addr >= t.text_end) return unnamed_frame_text(addr, "[kernel]");
+    std::string_view best = text.substr(at.name, at.len);
+    for (size_t e = lo - 1; e > 0 && t.sym(e - 1).addr == at.addr; --e) {
+        const KallsymsSym s = t.sym(e - 1);
+        best = std::max(best, text.substr(s.name, s.len));
     }
     // A module's symbol is listed as "name\t[module]": named after its
     // module, as perf does, the kernel's own after "[kernel]".
@@ -214,15 +279,15 @@ std::string KernelSymbols::name(uint64_t addr) const {
         const size_t close = text.find(']', after + 2);
         if (close != std::string_view::npos && close < text.find('\n', after)) where = text.substr(after + 1, close - after);
     }
-    return frame_text(best, addr - it->addr, where);
+    return frame_text(best, addr - at.addr, where);
 }
 
 std::string KernelSymbols::name(uint64_t addr, const KernelLayout& rec) const {
-    if (syms_.empty()) return name(addr);  // not this kernel: the address alone
+    if (table_.nsyms == 0) return name(addr);  // not this kernel: the address alone
     if (!rec.recorded()) return name(addr);  // nothing to move by (perf does the same)
     // The image's own shift: where the reference symbol is on this boot
     // (perf's are _text, or _stext before it; 0: none to move by).
-    const uint64_t here = rec.reloc_symbol == "_text" ? text_addr_ : rec.reloc_symbol == "_stext" ? stext_addr_ : 0;
+    const uint64_t here = rec.reloc_symbol == "_text" ? table_.text_addr : rec.reloc_symbol == "_stext" ? table_.stext_addr : 0;
     if (addr >= rec.text_start && addr < rec.text_end) {
         if (!here) return unnamed_frame_text(addr, "[kernel]");
         return name(addr - rec.reloc_addr + here);

@@ -203,7 +203,7 @@ TEST_CASE("reader stage: its kernel frames are named at this boot's addresses fr
     const RecordedKernel rec = recorded_kernel(s.features());
     auto names = std::make_shared<GilStackClassifier::NameCache>(rec, false);
     std::promise<std::shared_ptr<const KernelSymbols>> ks;
-    ks.set_value(std::make_shared<KernelSymbols>("ffffffff9a000000 T _text\nffffffff9a000000 T image_start\n", ""));
+    ks.set_value(std::make_shared<KernelSymbols>(KernelSymbols::texts, "ffffffff9a000000 T _text\nffffffff9a000000 T image_start\n", ""));
     names->ksyms = ks.get_future().share();
     ReaderStacks ahead(modules, names, 64, rec, s.swap(), true);
     ahead.set_always(true);

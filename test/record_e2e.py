@@ -8,6 +8,7 @@ usage: record_e2e.py GILSCAN WORKLOAD
 Prints "N passed, N failed".
 """
 import collections
+import glob
 import json
 import os
 import subprocess
@@ -76,15 +77,24 @@ with tempfile.TemporaryDirectory() as tmp:
     # return probe does to the stacks, with the way around it.
     check("take_gil's return probe ends GIL waits' stacks" in r.stderr and "--state --stacks" in r.stderr,
           f"record --stacks notes the return probe's truncation ({r.stderr[-400:]})")
+    # The kernel's symbols from /proc/kallsyms the first time (-j 1, which
+    # writes them to a fresh cache directory), from that cache after (-j 2,
+    # 3), and without any cache: the same names.
     kernel_traces = []
-    for j in (1, 2, 3):
-        kt = os.path.join(tmp, f"k{j}.json")
+    kcache = os.path.join(tmp, "kcache")
+    for j, extra in ((1, ()), (2, ()), (3, ()), (2, ("--no-cache",))):
+        kt = os.path.join(tmp, f"k{j}{len(extra)}.json")
         r = subprocess.run([GILSCAN, data, "-q", "-j", str(j), "--sleep-stacks", "16", "--gil-evidence", "stacks",
-                            "-o", kt],
+                            "--cache-dir", kcache, *extra, "-o", kt],
                            capture_output=True, text=True)
-        check(r.returncode == 0, f"-j {j} --sleep-stacks ({r.stderr[-300:]})")
+        check(r.returncode == 0, f"-j {j} --sleep-stacks {extra} ({r.stderr[-300:]})")
         kernel_traces.append(open(kt, "rb").read() if r.returncode == 0 else b"")
-    check(kernel_traces[0] == kernel_traces[1] == kernel_traces[2], "-j 1, 2 and 3 write the same trace")
+        if j == 1:
+            entries = glob.glob(os.path.join(kcache, "kallsyms-*"))
+            check(len(entries) == 1 and os.stat(entries[0]).st_mode & 0o777 == 0o600,
+                  f"the kernel's symbols cached, readable by this user only ({entries})")
+    check(kernel_traces[0] == kernel_traces[1] == kernel_traces[2] == kernel_traces[3],
+          "-j 1, 2 and 3 write the same trace, kernel symbols read, cached or not")
     stacks = [e["args"]["stack"] for e in json.loads(kernel_traces[0] or b'{"traceEvents":[]}')["traceEvents"]
               if "stack" in e.get("args", {})]
     kernel = [f for st in stacks for f in st if f.endswith("([kernel])")]

@@ -40,6 +40,9 @@ uint64_t default_debuginfo_cache_limit();
 // parallel when an entry is made (-j 1: 1). max_bytes: the limit
 // (default_debuginfo_cache_limit()), 0: none.
 void set_debuginfo_cache(std::string dir, unsigned threads, uint64_t max_bytes = default_debuginfo_cache_limit());
+// The directory set_debuginfo_cache last set ("": none). The kernel's
+// symbol table is kept there too (kallsyms_cache.h).
+std::string debuginfo_cache_dir();
 // $GILSCAN_CACHE_DIR, else $XDG_CACHE_HOME/gilscan, else $HOME/.cache/gilscan
 // ("" when none is set), plus "/debuginfo".
 std::string default_debuginfo_cache_dir();

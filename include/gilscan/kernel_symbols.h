@@ -5,7 +5,7 @@
 //
 //   RecordedKernel rec = recorded_kernel(session.features());  // release, build-id
 //   maps.set_kernel_log(rec.maps);        // ProcessMaps keeps the pid -1 MMAPs there
-//   KernelSymbols ks(rec);                // reads /proc/kallsyms if it is this kernel
+//   KernelSymbols ks(rec, cache_dir);     // reads /proc/kallsyms (or its cache) if it is this kernel
 //   ... session.run(...) ...
 //   std::string n = ks.name(ip, rec.maps->layout());  // "__schedule+0x2f3 ([kernel])"
 //
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "gilscan/features.h"
+#include "gilscan/kallsyms_cache.h"
 #include "gilscan/kernel_records.h"
 
 namespace gilscan {
@@ -80,36 +81,51 @@ std::string running_kernel_build_id();
 // The build-id note in an ELF notes blob (the format of /sys/kernel/notes).
 std::string build_id_of_notes(std::string_view notes);
 
+// What of /proc/modules places the modules' symbols, for the cache's key:
+// "name size refs deps state 0xbase [flags]" lines -> "name size 0xbase\n"
+// (the users and the state change as modules are used).
+std::string kallsyms_modules_key(std::string_view proc_modules);
+
 class KernelSymbols {
 public:
     // This machine's /proc/kallsyms and /proc/modules, read only when the
     // recording's kernel is this one: the same build-id when the recording
     // has the kernel's, else the same release. Otherwise empty (addresses).
-    explicit KernelSymbols(const RecordedKernel& rec);
-    // From their texts as read (tests).
-    KernelSymbols(std::string kallsyms, std::string_view proc_modules);
+    // cache_dir: where this boot's table is kept between runs
+    // (kallsyms_cache.h), "" for none. Text symbols of BPF programs and of
+    // ftrace and kprobe trampolines are left out (they come and go within a
+    // boot): such frames are named by their address.
+    explicit KernelSymbols(const RecordedKernel& rec, const std::string& cache_dir = "");
+    // From their texts as read (tests): KernelSymbols(KernelSymbols::texts, kallsyms, modules).
+    struct Texts {};
+    static constexpr Texts texts{};
+    KernelSymbols(Texts, std::string kallsyms, std::string_view proc_modules);
 
     // A recorded kernel address's name, "schedule+0x2a ([kernel])", or
     // "0xffffffffc0a01234 ([kernel])" / "... ([nf_tables])" when it cannot be
     // named on this boot. Addresses in the image's map move by the
     // difference of the reference symbol; in a module's, by the difference
-    // of the module's base; others (BPF, no maps recorded) are named as
-    // they are only when the image did not move.
+    // of the module's base; others (no maps recorded) are named as they are
+    // only when the image did not move.
     std::string name(uint64_t addr, const KernelLayout& recorded) const;
     // An address of this boot's kernel.
     std::string name(uint64_t addr) const;
 
+    // Where the table came from (tests): not this kernel, /proc/kallsyms
+    // (and then written to the cache, or not), or the cache.
+    enum class Source { none, proc, proc_cached, cache };
+    Source source() const { return source_; }
+    size_t size() const { return table_.nsyms; }
+
 private:
     void parse_kallsyms();
     void parse_modules(std::string_view text);
-    struct Sym {
-        uint64_t addr;
-        uint32_t name, len;  // in text_
-    };
-    std::vector<Sym> syms_;
+    KallsymsTable table_;  // a view of syms_ and text_, or of the cache entry
+    std::vector<KallsymsSym> syms_;
     std::string text_;  // /proc/kallsyms as read
+    std::unique_ptr<KallsymsEntry> entry_;
     std::vector<std::pair<std::string, uint64_t>> module_bases_;  // /proc/modules, by name
-    uint64_t text_addr_ = 0, stext_addr_ = 0;  // this boot's _text and _stext (0: not listed)
+    Source source_ = Source::none;
 };
 
 }  // namespace gilscan
