@@ -59,9 +59,9 @@ KallsymsTable parse_entry(Bytes bytes, const std::string& path, const KallsymsKe
     if (std::memcmp(magic.data(), kMagic, sizeof kMagic) != 0) c.fail("not a gilscan kallsyms cache entry");
     if (c.read<uint64_t>() != kOrder) c.fail("another byte order");
     const std::string_view build_id = get_string(c), boot_id = get_string(c), modules = get_string(c),
-                           first_line = get_string(c);
+                           first_visible = get_string(c);
     *same_key = build_id == key.build_id && boot_id == key.boot_id && modules == key.modules &&
-                first_line == key.first_line;
+                first_visible == key.first_visible;
     KallsymsTable t;
     t.text_addr = c.read<uint64_t>();
     t.stext_addr = c.read<uint64_t>();
@@ -96,11 +96,23 @@ KallsymsSym KallsymsTable::sym(size_t i) const {
     return s;
 }
 
+std::string kallsyms_first_visible(std::string_view head) {
+    // "ffffffff81000000 T _text": an address of zeros is a hidden one (or
+    // the first per-CPU symbol's).
+    for (size_t pos = 0; pos < head.size();) {
+        const size_t eol = head.find('\n', pos);
+        if (eol == std::string_view::npos) break;  // a line cut by the read: not whole
+        const std::string_view line = head.substr(pos, eol - pos);
+        pos = eol + 1;
+        const size_t sp = line.find(' ');
+        if (sp != 0 && sp != std::string_view::npos && line.find_first_not_of('0') < sp) return std::string(line);
+    }
+    return "";
+}
+
 bool KallsymsKey::usable() const {
-    // "ffffffff81000000 T _text": an address of zeros is a hidden one.
-    const size_t sp = first_line.find(' ');
-    const bool visible = sp != 0 && sp != std::string::npos && first_line.find_first_not_of('0') < sp;
-    return !build_id.empty() && !boot_id.empty() && visible;
+    return !build_id.empty() && !boot_id.empty() && kallsyms_first_visible(first_visible + "\n") == first_visible &&
+           !first_visible.empty();
 }
 
 KallsymsEntry::~KallsymsEntry() {
@@ -159,7 +171,7 @@ bool write_kallsyms_cache(const std::string& dir, const KallsymsKey& key, const 
     }
     out.append(kMagic, sizeof kMagic);
     put<uint64_t>(out, kOrder);
-    for (const std::string* s : {&key.build_id, &key.boot_id, &key.modules, &key.first_line}) put_string(out, *s);
+    for (const std::string* s : {&key.build_id, &key.boot_id, &key.modules, &key.first_visible}) put_string(out, *s);
     put<uint64_t>(out, t.text_addr);
     put<uint64_t>(out, t.stext_addr);
     put<uint64_t>(out, t.text_end);

@@ -151,9 +151,9 @@ KernelSymbols::KernelSymbols(const RecordedKernel& rec, const std::string& cache
         key.build_id = running;
         key.boot_id = read_proc("/proc/sys/kernel/random/boot_id", 64, 64);
         key.modules = kallsyms_modules_key(modules);
-        // The first line only: the kernel formats as much as is asked for.
-        key.first_line = read_proc("/proc/kallsyms", 256, 256, /*once=*/true);
-        key.first_line = key.first_line.substr(0, key.first_line.find('\n'));
+        // A head only (the kernel formats as much as is asked for): before
+        // the image's symbols older kernels list some hundred per-CPU ones.
+        key.first_visible = kallsyms_first_visible(read_proc("/proc/kallsyms", 4096, 4096, /*once=*/true));
         entry_ = load_kallsyms_cache(cache_dir, key);
         if (entry_) {
             table_ = entry_->table();

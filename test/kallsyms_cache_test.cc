@@ -102,7 +102,7 @@ TEST_CASE("kallsyms cache: an entry written, used for the same key only, its nam
     // Any part of the key different: not this boot's table.
     for (int part = 0; part < 4; ++part) {
         KallsymsKey k = key();
-        std::string& s = part == 0 ? k.boot_id : part == 1 ? k.modules : part == 2 ? k.first_line : k.build_id;
+        std::string& s = part == 0 ? k.boot_id : part == 1 ? k.modules : part == 2 ? k.first_visible : k.build_id;
         s += "x";
         CHECK_FALSE(load_kallsyms_cache(dir.path, k));
     }
@@ -114,7 +114,7 @@ TEST_CASE("kallsyms cache: nothing written for a key that cannot tell boots apar
     TempDir dir;
     const Table tab;
     KallsymsKey hidden = key();
-    hidden.first_line = "0000000000000000 T _text";  // kptr_restrict
+    hidden.first_visible = "0000000000000000 T _text";  // kptr_restrict
     CHECK_FALSE(hidden.usable());
     CHECK_FALSE(write_kallsyms_cache(dir.path, hidden, tab.view()));
     KallsymsKey no_boot = key();
@@ -201,12 +201,13 @@ TEST_CASE("kernel symbols through the cache: read once, then the entry; the same
     struct utsname u {};
     REQUIRE(::uname(&u) == 0);
     const std::string running = running_kernel_build_id();
-    std::string first;
+    std::string head(4096, '\0');
     {
         std::ifstream f("/proc/kallsyms");
-        std::getline(f, first);
+        f.read(head.data(), static_cast<std::streamsize>(head.size()));
+        head.resize(static_cast<size_t>(f.gcount()));
     }
-    if (running.empty() || first.empty() || first.rfind("0000000000000000", 0) == 0) {
+    if (running.empty() || kallsyms_first_visible(head).empty()) {
         MESSAGE("no /sys/kernel/notes or kallsyms addresses hidden: nothing to cache");
         TempDir dir;
         CHECK(KernelSymbols(RecordedKernel(u.release), dir.path).source() != KernelSymbols::Source::cache);
@@ -245,6 +246,26 @@ TEST_CASE("kernel symbols through the cache: read once, then the entry; the same
     CHECK(KernelSymbols(RecordedKernel(u.release), dir.path).source() == KernelSymbols::Source::cache);
     // Not this kernel: neither read nor cached.
     CHECK(KernelSymbols(RecordedKernel("0.0.0-other"), dir.path).source() == KernelSymbols::Source::none);
+}
+
+TEST_CASE("kallsyms cache key: the first line with a visible address, past per-CPU symbols at 0") {
+    // Linux 6.1 (Debian 12) as root: per-CPU offsets first.
+    CHECK(kallsyms_first_visible("0000000000000000 A fixed_percpu_data\n"
+                                 "0000000000000000 A __per_cpu_start\n"
+                                 "0000000000001000 A cpu_debug_store\n"
+                                 "0000000000002000 A irq_stack_backing_store\n") == "0000000000001000 A cpu_debug_store");
+    // Without the per-CPU symbols (newer kernels).
+    CHECK(kallsyms_first_visible("ffffffff81000000 T _stext\nffffffff81000000 T _text\n") ==
+          "ffffffff81000000 T _stext");
+    // kptr_restrict: every address 0, none visible; and a line cut by the read is not taken.
+    CHECK(kallsyms_first_visible("0000000000000000 A fixed_percpu_data\n0000000000000000 T _text\n") == "");
+    CHECK(kallsyms_first_visible("0000000000000000 A fixed_percpu_data\nffffffff8100") == "");
+    CHECK(kallsyms_first_visible("") == "");
+    KallsymsKey k = key();
+    k.first_visible = "0000000000001000 A cpu_debug_store";
+    CHECK(k.usable());
+    k.first_visible = "";
+    CHECK_FALSE(k.usable());
 }
 
 TEST_CASE("kallsyms cache key: a module moved or resized changes it, its users and state do not") {

@@ -1,7 +1,7 @@
 // Stage helper (unwinding and symbols): this boot's kernel text symbols kept
 // on disk, so that only the first run after a boot reads /proc/kallsyms.
 //
-//   KallsymsKey key{running_build_id, boot_id, modules, first_line};
+//   KallsymsKey key{running_build_id, boot_id, modules, kallsyms_first_visible(head)};
 //   if (auto hit = load_kallsyms_cache(dir, key)) {
 //       const KallsymsTable& t = hit->table();       // symbols by address, names
 //   } else {
@@ -20,8 +20,9 @@
 // When an entry is used: the same kernel build (GNU build-id), the same
 // boot (/proc/sys/kernel/random/boot_id: KASLR lays the image out anew at
 // each), the same modules at the same bases and sizes (/proc/modules), and
-// the same first line of /proc/kallsyms now (its address also shows that
-// this process may see kernel addresses: kptr_restrict hides them as 0).
+// the same first line of /proc/kallsyms with an address other than 0 (that
+// there is one shows that this process may see kernel addresses:
+// kptr_restrict shows them all as 0).
 // Symbols that come and go within a boot without /proc/modules changing
 // (BPF programs, ftrace and kprobe trampolines) are in neither the cached
 // nor the read table (kernel_symbols.cc), so both name frames alike.
@@ -63,11 +64,17 @@ struct KallsymsKey {
     std::string build_id;    // the running kernel's, hex
     std::string boot_id;     // /proc/sys/kernel/random/boot_id
     std::string modules;     // "name size base" per loaded module
-    std::string first_line;  // /proc/kallsyms's first line now
+    std::string first_visible;  // /proc/kallsyms's first line with an address not 0, now
     // Enough to tell this boot's table from any other: a build-id and a
-    // boot, and kernel addresses visible (the first line's is not 0).
+    // boot, and kernel addresses visible (first_visible found).
     bool usable() const;
 };
+
+// The first line of a head of /proc/kallsyms whose address is not 0, "" if
+// none. Kernels before 6.8 or so list the per-CPU symbols first, at
+// offsets from 0 ("0000000000000000 A fixed_percpu_data"); with
+// kptr_restrict every address reads 0.
+std::string kallsyms_first_visible(std::string_view head);
 
 // A cache entry mapped read-only; its table points into the mapping.
 class KallsymsEntry {
