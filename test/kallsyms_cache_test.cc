@@ -193,6 +193,26 @@ TEST_CASE("kallsyms cache: a damaged or foreign entry is a miss, whatever byte i
     CHECK_FALSE(patched(0, "GSKSYM2\n", 8));     // another format
     const uint64_t swapped = 0x0807060504030201ull;
     CHECK_FALSE(patched(8, &swapped, 8));        // another byte order
+    // Every byte flipped in turn: refused, or a table whose every record
+    // names a line inside its arena (what KernelSymbols::name relies on).
+    size_t loaded = 0;
+    for (size_t i = 0; i < good.size(); ++i) {
+        std::string b = good;
+        b[i] = static_cast<char>(b[i] ^ 0xff);
+        spit(path, b);
+        auto e = load_kallsyms_cache(dir.path, key());
+        if (!e) continue;
+        ++loaded;
+        const KallsymsTable& t = e->table();
+        for (size_t k = 0; k < t.nsyms; ++k) {
+            const KallsymsSym sym = t.sym(k);
+            REQUIRE(uint64_t{sym.name} + sym.len < t.names.size());
+            CHECK(t.names.find('\n', sym.name) >= sym.name + sym.len);
+            if (k) CHECK(t.sym(k - 1).addr <= sym.addr);
+        }
+    }
+    CHECK(loaded > 0);  // flips in addresses and in names' letters still load (they are not checked)
+    CHECK(loaded < good.size() / 2);
     spit(path, good);
     CHECK(load_kallsyms_cache(dir.path, key()));  // and the original still loads
 }
