@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gilscan/byte_buffer.h"
 #include "gilscan/features.h"
 #include "gilscan/kallsyms_cache.h"
 #include "gilscan/kernel_records.h"
@@ -118,11 +119,14 @@ public:
     size_t size() const { return table_.nsyms; }
 
 private:
+    void read_kallsyms();
     void parse_kallsyms();
     void parse_modules(std::string_view text);
     KallsymsTable table_;  // a view of syms_ and text_, or of the cache entry
-    std::vector<KallsymsSym> syms_;
-    std::string text_;  // /proc/kallsyms as read
+    // Both a few MB, filled once: on huge pages, unfilled (4 KiB pages cost
+    // some 10 us each to fault in here: 1,800 of them for the two).
+    std::vector<KallsymsSym, HugeUninitAllocator<KallsymsSym>> syms_;
+    std::vector<char, HugeUninitAllocator<char>> text_;  // /proc/kallsyms as read
     std::unique_ptr<KallsymsEntry> entry_;
     std::vector<std::pair<std::string, uint64_t>> module_bases_;  // /proc/modules, by name
     Source source_ = Source::none;
