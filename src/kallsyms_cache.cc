@@ -88,6 +88,13 @@ KallsymsTable parse_entry(Bytes bytes, const std::string& path, const KallsymsKe
     return t;
 }
 
+// "ffffffff81000000 T _text": an address that is not all zeros (zeros are a
+// hidden address, or the first per-CPU symbol's offset).
+bool visible_line(std::string_view line) {
+    const size_t sp = line.find(' ');
+    return sp != 0 && sp != std::string_view::npos && line.find_first_not_of('0') < sp;
+}
+
 }  // namespace
 
 KallsymsSym KallsymsTable::sym(size_t i) const {
@@ -97,22 +104,20 @@ KallsymsSym KallsymsTable::sym(size_t i) const {
 }
 
 std::string kallsyms_first_visible(std::string_view head) {
-    // "ffffffff81000000 T _text": an address of zeros is a hidden one (or
-    // the first per-CPU symbol's).
     for (size_t pos = 0; pos < head.size();) {
         const size_t eol = head.find('\n', pos);
         if (eol == std::string_view::npos) break;  // a line cut by the read: not whole
         const std::string_view line = head.substr(pos, eol - pos);
         pos = eol + 1;
-        const size_t sp = line.find(' ');
-        if (sp != 0 && sp != std::string_view::npos && line.find_first_not_of('0') < sp) return std::string(line);
+        if (visible_line(line)) return std::string(line);
     }
     return "";
 }
 
 bool KallsymsKey::usable() const {
-    return !build_id.empty() && !boot_id.empty() && kallsyms_first_visible(first_visible + "\n") == first_visible &&
-           !first_visible.empty();
+    // first_visible: one line, as kallsyms_first_visible gives it.
+    return !build_id.empty() && !boot_id.empty() && first_visible.find('\n') == std::string::npos &&
+           visible_line(first_visible);
 }
 
 KallsymsEntry::~KallsymsEntry() {

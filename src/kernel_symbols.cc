@@ -17,21 +17,31 @@ namespace gilscan {
 namespace {
 
 // A /proc or /sys file read whole (their sizes read as 0 or 4096: read until
-// EOF), or its first block only (once).
-std::string read_proc(const char* path, size_t block, size_t expect, bool once = false) {
-    std::string text;
-    text.reserve(expect);
-    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return text;
+// EOF) into any resizable byte buffer, starting with `first` bytes of room
+// and doubling whenever less than `room` is left; or its first read only
+// (once: the kernel formats as much of /proc/kallsyms as is asked for).
+template <class Buffer>
+void read_proc_into(const char* path, Buffer& text, size_t first, size_t room, bool once = false) {
+    text.clear();
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    text.resize(first);
+    size_t have = 0;
     for (;;) {
-        const size_t have = text.size();
-        text.resize(have + block);
-        ssize_t n = ::read(fd, text.data() + have, block);
-        text.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+        if (text.size() - have < room) text.resize(std::max(text.size() * 2, have + room));
+        const ssize_t n = ::read(fd, text.data() + have, once ? first : text.size() - have);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0 || once) break;
+        if (n <= 0) break;
+        have += static_cast<size_t>(n);
+        if (once) break;
     }
     ::close(fd);
+    text.resize(have);
+}
+
+std::string read_proc(const char* path, size_t size, bool once = false) {
+    std::string text;
+    read_proc_into(path, text, size, size, once);
     return text;
 }
 
@@ -116,7 +126,7 @@ std::string build_id_of_notes(std::string_view notes) {
     return "";
 }
 
-std::string running_kernel_build_id() { return build_id_of_notes(read_proc("/sys/kernel/notes", 4096, 4096)); }
+std::string running_kernel_build_id() { return build_id_of_notes(read_proc("/sys/kernel/notes", 4096)); }
 
 std::string kallsyms_modules_key(std::string_view text) {
     std::string key;
@@ -144,16 +154,16 @@ KernelSymbols::KernelSymbols(const RecordedKernel& rec, const std::string& cache
         struct utsname u {};
         if (rec.release.empty() || ::uname(&u) != 0 || rec.release != u.release) return;
     }
-    const std::string modules = read_proc("/proc/modules", 64u << 10, 64u << 10);
+    const std::string modules = read_proc("/proc/modules", 64u << 10);
     parse_modules(modules);
     KallsymsKey key;
     if (!cache_dir.empty() && !running.empty()) {
         key.build_id = running;
-        key.boot_id = read_proc("/proc/sys/kernel/random/boot_id", 64, 64);
+        key.boot_id = read_proc("/proc/sys/kernel/random/boot_id", 64);
         key.modules = kallsyms_modules_key(modules);
         // A head only (the kernel formats as much as is asked for): before
         // the image's symbols older kernels list some hundred per-CPU ones.
-        key.first_visible = kallsyms_first_visible(read_proc("/proc/kallsyms", 4096, 4096, /*once=*/true));
+        key.first_visible = kallsyms_first_visible(read_proc("/proc/kallsyms", 4096, /*once=*/true));
         entry_ = load_kallsyms_cache(cache_dir, key);
         if (entry_) {
             table_ = entry_->table();
@@ -170,20 +180,9 @@ KernelSymbols::KernelSymbols(const RecordedKernel& rec, const std::string& cache
 }
 
 void KernelSymbols::read_kallsyms() {
-    // As read_proc, into one buffer sized for it up front (about 5.4 MB here).
-    const int fd = ::open("/proc/kallsyms", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    text_.resize(8u << 20);
-    size_t have = 0;
-    for (;;) {
-        if (text_.size() - have < (256u << 10)) text_.resize(text_.size() * 2);
-        const ssize_t n = ::read(fd, text_.data() + have, text_.size() - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        have += static_cast<size_t>(n);
-    }
-    ::close(fd);
-    text_.resize(have);
+    // One buffer sized for it up front (about 5.4 MB here), on huge pages
+    // and not zeroed: its first touches were page faults of some 10 us each.
+    read_proc_into("/proc/kallsyms", text_, 8u << 20, 256u << 10);
 }
 
 KernelSymbols::KernelSymbols(Texts, std::string kallsyms, std::string_view proc_modules)

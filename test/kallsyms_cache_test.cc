@@ -286,6 +286,19 @@ TEST_CASE("kallsyms cache key: the first line with a visible address, past per-C
     CHECK(k.usable());
     k.first_visible = "";
     CHECK_FALSE(k.usable());
+    // Only one whole line with an address that is not 0 is a key's.
+    k.first_visible = "ffffffff81000000 T _stext\nffffffff81000000 T _text";
+    CHECK_FALSE(k.usable());
+    k.first_visible = "ffffffff81000000 T _stext\n";
+    CHECK_FALSE(k.usable());
+    k.first_visible = " T _stext";
+    CHECK_FALSE(k.usable());
+    k.first_visible = "ffffffff81000000";
+    CHECK_FALSE(k.usable());
+    k.first_visible = "0000 T _stext";
+    CHECK_FALSE(k.usable());
+    k.first_visible = "1 T _stext";
+    CHECK(k.usable());
 }
 
 TEST_CASE("kallsyms cache key: a module moved or resized changes it, its users and state do not") {
