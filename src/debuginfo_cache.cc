@@ -31,7 +31,11 @@ constexpr uint64_t kWorthFrom = 64u << 10;
 constexpr uint64_t kMaxSection = 1ull << 30;
 constexpr uint64_t kMaxTotal = 4ull << 30;
 
-std::mutex g_mu;  // the settings, and one entry made at a time per process
+// The settings have a lock of their own: an entry can take seconds to make
+// (a large debug file inflated), and only another entry need wait for that,
+// not a reader of the settings (KernelSymbols' cache directory).
+std::mutex g_mu;  // the settings
+std::mutex g_make_mu;  // one entry looked up or made at a time per process
 std::string g_dir;
 unsigned g_threads = 1;
 uint64_t g_max_bytes = 0;
@@ -324,9 +328,18 @@ bool write_inflated_elf(int in_fd, int out_fd, unsigned threads) {
 }
 
 int cached_debuginfo_fd(const std::string& id, const std::string& debug_file, std::string* entry_path) {
-    std::lock_guard<std::mutex> l(g_mu);  // a second Dwfl asking waits for the first's entry
-    if (g_dir.empty() || id.empty() || id.find_first_not_of("0123456789abcdef") != std::string::npos) return -1;
-    const std::string path = g_dir + "/" + id + ".debug";
+    std::lock_guard<std::mutex> make(g_make_mu);  // a second Dwfl asking waits for the first's entry
+    std::string dir;
+    unsigned threads;
+    uint64_t max_bytes;
+    {
+        std::lock_guard<std::mutex> l(g_mu);
+        dir = g_dir;
+        threads = g_threads;
+        max_bytes = g_max_bytes;
+    }
+    if (dir.empty() || id.empty() || id.find_first_not_of("0123456789abcdef") != std::string::npos) return -1;
+    const std::string path = dir + "/" + id + ".debug";
     int entry = open_entry(path, id);
     if (entry >= 0) {
         struct stat st {};
@@ -338,10 +351,10 @@ int cached_debuginfo_fd(const std::string& id, const std::string& debug_file, st
         MappedElf in(fd);
         Layout lay;
         // Only the debug file of this build-id, and only one worth inflating.
-        if (in.ok && build_id(in) == id && plan(in, lay)) entry = make_entry(in, lay, g_dir, path, id, g_threads);
+        if (in.ok && build_id(in) == id && plan(in, lay)) entry = make_entry(in, lay, dir, path, id, threads);
         ::close(fd);
         if (entry < 0) return -1;  // no cache (read-only disk, ...): libdw inflates as before
-        prune_debuginfo_cache(g_dir, g_max_bytes, id + ".debug");
+        prune_debuginfo_cache(dir, max_bytes, id + ".debug");
     }
     if (entry_path) *entry_path = path;
     return entry;

@@ -5,7 +5,11 @@
 // checked on a real recording in golden_test.cc.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <future>
+#include <thread>
 #include <fstream>
 #include <map>
 #include <cstring>
@@ -23,6 +27,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -491,4 +496,39 @@ TEST_CASE("debuginfo cache: the limit comes from GILSCAN_CACHE_MAX_MB, else 2 Gi
     ::unsetenv("GILSCAN_CACHE_MAX_MB");
     CHECK(default_debuginfo_cache_limit() == 2ull << 30);
     if (old) ::setenv("GILSCAN_CACHE_MAX_MB", saved.c_str(), 1);
+}
+
+TEST_CASE("debuginfo cache: reading the settings never waits for an entry being made") {
+    // An entry can take seconds to make (a large debug file inflated) under
+    // the cache's lock for making entries; the directory is read meanwhile
+    // by each analysis starting (its kernel symbols' cache). Modelled by a
+    // debug file that is a FIFO: opening it blocks until a writer comes.
+    TempDir dir;
+    const fs::path cache = dir.path / "cache";
+    const fs::path fifo = dir.path / "slow.debug";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    set_debuginfo_cache(cache.string(), 1);
+    std::atomic<long> tid{0};
+    auto maker = std::async(std::launch::async, [&] {
+        tid = ::syscall(SYS_gettid);
+        return cached_debuginfo_fd(kId, fifo.string(), nullptr);
+    });
+    // Until the maker is inside open() (its lock held), as /proc says.
+    auto in_open = [&] {
+        std::ifstream f("/proc/self/task/" + std::to_string(tid.load()) + "/syscall");
+        long nr = -1;
+        return tid != 0 && (f >> nr) && nr == SYS_openat;
+    };
+    for (int i = 0; i < 5000 && !in_open(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(in_open());
+    auto reader = std::async(std::launch::async, [] { return debuginfo_cache_dir(); });
+    const bool answered = reader.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    // Let the maker go: a FIFO is no ELF file, so no entry.
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    CHECK(w >= 0);
+    if (w >= 0) ::close(w);
+    CHECK(maker.get() == -1);
+    CHECK(answered);
+    CHECK(reader.get() == cache.string());
+    set_debuginfo_cache("", 1);
 }
