@@ -281,24 +281,23 @@ TEST_CASE("kallsyms cache key: the first line with a visible address, past per-C
     CHECK(kallsyms_first_visible("0000000000000000 A fixed_percpu_data\n0000000000000000 T _text\n") == "");
     CHECK(kallsyms_first_visible("0000000000000000 A fixed_percpu_data\nffffffff8100") == "");
     CHECK(kallsyms_first_visible("") == "");
-    KallsymsKey k = key();
-    k.first_visible = "0000000000001000 A cpu_debug_store";
-    CHECK(k.usable());
-    k.first_visible = "";
-    CHECK_FALSE(k.usable());
-    // Only one whole line with an address that is not 0 is a key's.
-    k.first_visible = "ffffffff81000000 T _stext\nffffffff81000000 T _text";
-    CHECK_FALSE(k.usable());
-    k.first_visible = "ffffffff81000000 T _stext\n";
-    CHECK_FALSE(k.usable());
-    k.first_visible = " T _stext";
-    CHECK_FALSE(k.usable());
-    k.first_visible = "ffffffff81000000";
-    CHECK_FALSE(k.usable());
-    k.first_visible = "0000 T _stext";
-    CHECK_FALSE(k.usable());
-    k.first_visible = "1 T _stext";
-    CHECK(k.usable());
+    // A key's line: one whole line whose address is not 0.
+    const std::pair<const char*, bool> lines[] = {
+        {"0000000000001000 A cpu_debug_store", true},
+        {"1 T _stext", true},
+        {"", false},
+        {"ffffffff81000000 T _stext\nffffffff81000000 T _text", false},
+        {"ffffffff81000000 T _stext\n", false},
+        {" T _stext", false},
+        {"ffffffff81000000", false},
+        {"0000 T _stext", false},
+    };
+    for (const auto& [line, usable] : lines) {
+        KallsymsKey k = key();
+        k.first_visible = line;
+        CAPTURE(line);
+        CHECK(k.usable() == usable);
+    }
 }
 
 TEST_CASE("kallsyms cache key: a module moved or resized changes it, its users and state do not") {
