@@ -9,6 +9,7 @@
 #include "gilscan/gil_probes.h"
 #include "gilscan/gil_stacks.h"
 #include "gilscan/modules.h"
+#include "gilscan/name_store.h"
 #include "gilscan/output_file.h"
 #include "gilscan/preload.h"
 #include "gilscan/perf_abi.h"
@@ -64,6 +65,8 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     mopt.symfs = opt.symfs;
     mopt.perf_maps = opt.perf_maps;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
+    // Frame names kept from earlier runs, in the cache directory (name_store.h).
+    if (!opt.debuginfo_cache.empty()) mopt.name_store = std::make_shared<NameStore>(opt.debuginfo_cache);
     ModuleCache modules(mopt);
     // The recording's kernel, for naming kernel frames: its identity from
     // the header, its maps as the records come.
@@ -165,6 +168,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     timeline.finish(end);
     if (parallel) parallel->finish();
     if (relay) relay->close();  // every event formatted: the writer is this thread's again
+    if (mopt.name_store) mopt.name_store->save();  // the names this run gave libdw's answers for
 
     // 8. Outputs.
     const auto threads = timeline.threads();

@@ -1,4 +1,5 @@
 #include "gilscan/frame_names.h"
+#include "gilscan/name_store.h"
 
 // Before the elfutils headers: elf_file.h has constants of its own by the
 // names <elf.h> defines as macros.
@@ -437,9 +438,46 @@ std::vector<std::string> FrameNamer::inline_names(Dwfl_Module* m, uint64_t pc) {
 }
 
 std::vector<std::string> FrameNamer::describe(const Frame& f) {
-    return describe_with(
-        f, [this](Dwfl_Module* m, uint64_t pc, auto&& push) { inline_names_into(m, pc, push); },
-        [this](Dwfl_Module* m, uint64_t pc, uint64_t& off) { return symbol(m, pc, off); });
+    Dwfl* dwfl = static_cast<Dwfl*>(f.dwfl);
+    Dwfl_Module* const here = store_ && dwfl ? dwfl_addrmodule(dwfl, f.pc) : nullptr;
+    if (!here) {
+        return describe_with(
+            f, [this](Dwfl_Module* m, uint64_t pc, auto&& push) { inline_names_into(m, pc, push); },
+            [this](Dwfl_Module* m, uint64_t pc, uint64_t& off) { return symbol(m, pc, off); });
+    }
+    auto [slot, fresh] = stored_.try_emplace(here, nullptr);
+    if (fresh) slot->second = store_->module(here);
+    auto* mod = static_cast<NameStore::Module*>(slot->second);
+    // A kept answer is composed by the same describe_with as libdw's.
+    if (const StoredName* n = mod ? store_->find(*mod, here, f.pc) : nullptr) {
+        return describe_with(
+            f, [n](Dwfl_Module*, uint64_t, auto&& push) {
+                for (const std::string& s : n->inlined) push(s.c_str());
+            },
+            [n](Dwfl_Module*, uint64_t, uint64_t& off) -> const char* {
+                off = n->offset;
+                return n->has_symbol ? n->symbol.c_str() : nullptr;
+            });
+    }
+    StoredName got;
+    auto out = describe_with(
+        f, [&](Dwfl_Module* m, uint64_t pc, auto&& push) {
+            inline_names_into(m, pc, [&](const char* name) {
+                got.inlined.emplace_back(name);
+                push(name);
+            });
+        },
+        [&](Dwfl_Module* m, uint64_t pc, uint64_t& off) {
+            const char* name = symbol(m, pc, off);
+            got.has_symbol = name != nullptr;
+            if (name) {
+                got.symbol = name;
+                got.offset = off;
+            }
+            return name;
+        });
+    if (mod) store_->add(*mod, here, f.pc, std::move(got));
+    return out;
 }
 
 }  // namespace gilscan

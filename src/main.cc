@@ -68,8 +68,11 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
       --no-perf-maps       leave those frames unnamed
       --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
                            *-dbg packages) in DIR, by build-id, so that later runs
-                           skip the inflate, and this boot's kernel symbols (read
-                           from /proc/kallsyms once) (default: $GILSCAN_CACHE_DIR, else
+                           skip the inflate, this boot's kernel symbols (read
+                           from /proc/kallsyms once), and the names of the frames
+                           sleep stacks went through, per binary (so that later
+                           runs do not build libdw's naming state for them)
+                           (default: $GILSCAN_CACHE_DIR, else
                            $XDG_CACHE_HOME/gilscan, else ~/.cache/gilscan; plus
                            /debuginfo). Safe to delete at any time; kept under
                            $GILSCAN_CACHE_MAX_MB MiB (default 2048), least

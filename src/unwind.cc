@@ -270,7 +270,7 @@ int frame_cb(Dwfl_Frame* state, void* arg) {
 
 }  // namespace
 
-DwarfUnwinder::DwarfUnwinder(ModuleCache& modules) : modules_(modules) {}
+DwarfUnwinder::DwarfUnwinder(ModuleCache& modules) : modules_(modules) { names_.set_store(modules.name_store()); }
 DwarfUnwinder::~DwarfUnwinder() = default;
 
 // Address spaces with the same executable mappings at the same addresses (a

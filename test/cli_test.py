@@ -297,6 +297,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(glob.glob(os.path.join(dirs["env"], "debuginfo", "*.debug"))) == 1, "default: $GILSCAN_CACHE_DIR/debuginfo")
     check(len(glob.glob(os.path.join(dirs["flag"], "*.debug"))) == 1, "--cache-dir DIR: entries in DIR")
     check(not os.path.exists(dirs["none"]), "--no-cache writes nothing")
+    # Frame names kept beside them (name_store.h), one file per binary named.
+    kept = glob.glob(os.path.join(dirs["env"], "debuginfo", "names-*"))
+    check(len(kept) >= 2 and all(os.stat(k).st_mode & 0o077 == 0 for k in kept),
+          f"frame names kept per binary, mode 0600 ({kept})")
+    check(glob.glob(os.path.join(dirs["flag"], "names-*")), "--cache-dir DIR: frame names in DIR")
 
     # A write error in the background writer is an error of the run, not a short trace
     if os.path.exists("/dev/full"):

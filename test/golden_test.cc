@@ -3,6 +3,8 @@
 // test/golden_expect.py and stored next to them.
 #include <doctest/doctest.h>
 
+#include <charconv>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -523,6 +525,61 @@ TEST_CASE("debuginfo cache: a recording's sleep stacks are the same without the 
     CHECK(none.find("[inlined] __pthread_cond_wait_common (libc.so.6)") != std::string::npos);
     CHECK(cold == none);
     CHECK(warm == none);
+    set_debuginfo_cache("", 1);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("name store: a recording's sleep stacks are named the same from kept answers, at -j 1, 2 and 3") {
+    const fs::path dir = fs::current_path() / "golden_names.tmp";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto trace = [&](const std::string& cache, unsigned jobs) {
+        AnalysisOptions o;
+        o.input = (kData / "stacks_py311.data").string();
+        o.output = (dir / "t.json").string();
+        o.sleep_stacks = 16;
+        o.jobs = jobs;
+        o.debuginfo_cache = cache;
+        analyse_recording(o);
+        return slurp(o.output);
+    };
+    const std::string cache = (dir / "c").string();
+    const std::string none = trace("", 1);
+    CHECK(trace(cache, 1) == none);  // cold: every answer from libdw, then kept
+    std::vector<fs::path> kept;
+    for (const auto& e : fs::directory_iterator(cache))
+        if (e.path().filename().string().rfind("names-", 0) == 0) kept.push_back(e.path());
+    CHECK(kept.size() >= 2);  // libpython's and glibc's at least
+    for (unsigned jobs : {1u, 2u, 3u}) {
+        CAPTURE(jobs);
+        CHECK(trace(cache, jobs) == none);  // warm
+    }
+    // The kept answers are what names the frames: one changed (and its
+    // file's hash made right, as a store would write it) shows in the trace.
+    const std::string from = "__pthread_cond_wait_common", to = "__pthread_cond_wait_KEPTxx";
+    bool changed = false;
+    for (const fs::path& p : kept) {
+        std::string text = slurp(p);
+        size_t n = 0;
+        for (size_t at = 0; (at = text.find("\t" + from, at)) != std::string::npos; at += to.size(), ++n)
+            text.replace(at + 1, from.size(), to);
+        if (n == 0) continue;
+        const size_t end_at = text.rfind("end\t");
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < end_at; ++i) h = (h ^ static_cast<unsigned char>(text[i])) * 0x100000001b3ull;
+        char hex[17];
+        text = text.substr(0, end_at) + "end\t" + std::string(hex, std::to_chars(hex, hex + 16, h, 16).ptr) + "\n";
+        std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+        changed = true;
+    }
+    REQUIRE(changed);
+    const std::string tampered = trace(cache, 2);
+    CHECK(tampered.find("[inlined] " + to + " (libc.so.6)") != std::string::npos);
+    CHECK(tampered.find("[inlined] " + from + " (libc.so.6)") == std::string::npos);
+    // Without the store's files: libdw's names again, and the files anew.
+    for (const fs::path& p : kept) fs::remove(p);
+    CHECK(trace(cache, 2) == none);
+    for (const fs::path& p : kept) CHECK(fs::exists(p));
     set_debuginfo_cache("", 1);
     fs::remove_all(dir);
 }

@@ -37,6 +37,7 @@ struct Dwfl_Module;
 namespace gilscan {
 
 struct Frame;
+class NameStore;
 
 // A frame's text as perf script prints it, one format for every namer
 // (libdw's symbols, the GIL extents, kernel symbols, perf maps):
@@ -62,6 +63,9 @@ public:
     // The text describe_frame(f) gives. f.dwfl must stay alive as long as
     // this namer (its modules' indexes are kept by Dwfl_Module).
     std::vector<std::string> describe(const Frame& f);
+    // Answers kept from earlier runs (name_store.h), asked before libdw;
+    // what libdw answers goes to it. Null: none (the default).
+    void set_store(NameStore* store) { store_ = store; }
     // The symbol part alone: what libdw_symbol(m, pc, off) gives.
     const char* symbol(Dwfl_Module* m, uint64_t pc, uint64_t& off);
     // The inline part alone: what libdw_inline_names(m, pc) gives.
@@ -81,6 +85,8 @@ private:
     void inline_names_into(Dwfl_Module* m, uint64_t pc, Push&& push);
     std::unordered_map<Dwfl_Module*, std::unique_ptr<SymbolIndex>> symbols_;
     std::unordered_map<Dwfl_Module*, std::unique_ptr<ScopeIndex>> scopes_;
+    NameStore* store_ = nullptr;
+    std::unordered_map<Dwfl_Module*, void*> stored_;  // module -> its NameStore::Module (null: not kept)
     uint64_t symbol_hits_ = 0, symbol_fallbacks_ = 0, scope_hits_ = 0, scope_fallbacks_ = 0;
 };
 

@@ -30,6 +30,8 @@
 
 namespace gilscan {
 
+class NameStore;
+
 struct AddrRange {
     uint64_t begin = 0, end = 0;  // link-time virtual addresses
     std::string name;
@@ -56,6 +58,7 @@ struct ModuleOptions {
     std::map<std::string, std::string> build_ids;        // path -> hex build-id from the header
     std::string home_debug = "";                         // perf's cache (default ~/.debug)
     std::string perf_maps;                               // where perf-PID.map files are ("": none; perf_map.h)
+    std::shared_ptr<NameStore> name_store;               // frame names kept across runs (name_store.h; null: none)
 };
 
 // Whether a mapped path names a file a module can be loaded from: not
@@ -84,6 +87,8 @@ public:
     std::vector<std::string> problems() const;
     // The JIT code's symbols (perf maps), read once per process for every thread.
     PerfMaps& perf_maps() { return perf_maps_; }
+    // Shared by every unwinder's frame namer made with this cache.
+    NameStore* name_store() const { return opt_.name_store.get(); }
 
 private:
     using Table = std::map<std::string, std::unique_ptr<Module>, std::less<>>;
