@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gilscan/frame_names.h"
+#include "dwfl_report.h"
 
 #include <dwarf.h>
 #include <elfutils/libdw.h>
@@ -28,28 +29,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-char* g_debuginfo_path = nullptr;
-const Dwfl_Callbacks kCallbacks = {dwfl_build_id_find_elf, dwfl_standard_find_debuginfo, dwfl_offline_section_address,
-                                   &g_debuginfo_path};
+// A shared object at a load bias, an executable at its addresses.
+Dwarf_Addr base_for(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char hdr[18] = {};
+    f.read(hdr, sizeof hdr);
+    uint16_t e_type = 0;
+    std::memcpy(&e_type, hdr + 16, 2);
+    return e_type == ET_DYN ? 0x7f1234000000ull : 0;
+}
 
-// One binary reported into a Dwfl of its own, as the unwinder reports a
-// mapped one (a shared object at a load bias, an executable at its addresses).
-struct Reported {
-    Dwfl* dwfl = nullptr;
-    Dwfl_Module* mod = nullptr;
-    explicit Reported(const std::string& path) {
-        std::ifstream f(path, std::ios::binary);
-        char hdr[18] = {};
-        f.read(hdr, sizeof hdr);
-        uint16_t e_type = 0;
-        std::memcpy(&e_type, hdr + 16, 2);
-        const Dwarf_Addr base = e_type == ET_DYN ? 0x7f1234000000ull : 0;
-        dwfl = dwfl_begin(&kCallbacks);
-        dwfl_report_begin(dwfl);
-        mod = dwfl_report_elf(dwfl, fs::path(path).filename().c_str(), path.c_str(), -1, base, false);
-        dwfl_report_end(dwfl, nullptr, nullptr);
-    }
-    ~Reported() { dwfl_end(dwfl); }
+// One binary reported into a Dwfl of its own, as the unwinder reports a mapped one.
+struct Reported : test::ReportedElf {
+    explicit Reported(const std::string& path) : ReportedElf(path, base_for(path)) {}
 };
 
 struct Probe {

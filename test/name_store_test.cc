@@ -17,6 +17,7 @@
 #include "gilscan/name_store.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/unwind.h"
+#include "dwfl_report.h"
 #include "perf_writer.h"
 
 #include <elfutils/libdw.h>
@@ -32,24 +33,13 @@ namespace {
 const std::string kLibpython = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0";
 const std::string kLibc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
 
-char* g_debuginfo_path = nullptr;
-const Dwfl_Callbacks kCallbacks = {dwfl_build_id_find_elf, dwfl_standard_find_debuginfo, dwfl_offline_section_address,
-                                   &g_debuginfo_path};
-
-// A shared object reported at `base`, as the unwinder reports a mapped one.
-struct Loaded {
-    Dwfl* dwfl = nullptr;
-    Dwfl_Module* mod = nullptr;
+// A shared object reported at `base`, with the mapping its frames name.
+struct Loaded : test::ReportedElf {
     Mapping mapping;
-    Loaded(const std::string& path, uint64_t base) {
-        dwfl = dwfl_begin(&kCallbacks);
-        dwfl_report_begin(dwfl);
-        mod = dwfl_report_elf(dwfl, fs::path(path).filename().c_str(), path.c_str(), -1, base, false);
-        dwfl_report_end(dwfl, nullptr, nullptr);
+    Loaded(const std::string& path, uint64_t base) : ReportedElf(path, base) {
         mapping.path = path;
         mapping.exec = true;
     }
-    ~Loaded() { dwfl_end(dwfl); }
     Frame frame(uint64_t pc) const {
         Frame f;
         f.pc = pc;
