@@ -440,14 +440,12 @@ std::vector<std::string> FrameNamer::inline_names(Dwfl_Module* m, uint64_t pc) {
 std::vector<std::string> FrameNamer::describe(const Frame& f) {
     Dwfl* dwfl = static_cast<Dwfl*>(f.dwfl);
     Dwfl_Module* const here = store_ && dwfl ? dwfl_addrmodule(dwfl, f.pc) : nullptr;
-    if (!here) {
-        return describe_with(
-            f, [this](Dwfl_Module* m, uint64_t pc, auto&& push) { inline_names_into(m, pc, push); },
-            [this](Dwfl_Module* m, uint64_t pc, uint64_t& off) { return symbol(m, pc, off); });
+    NameStore::Module* mod = nullptr;  // this module's kept answers (null: none kept)
+    if (here) {
+        auto [slot, fresh] = stored_.try_emplace(here, nullptr);
+        if (fresh) slot->second = store_->module(here);
+        mod = static_cast<NameStore::Module*>(slot->second);
     }
-    auto [slot, fresh] = stored_.try_emplace(here, nullptr);
-    if (fresh) slot->second = store_->module(here);
-    auto* mod = static_cast<NameStore::Module*>(slot->second);
     // A kept answer is composed by the same describe_with as libdw's.
     if (const StoredName* n = mod ? store_->find(*mod, here, f.pc) : nullptr) {
         return describe_with(

@@ -7,6 +7,11 @@
 #include <string_view>
 #include <system_error>
 
+#include "gilscan/aside_file.h"
+#include "gilscan/cursor.h"
+#include "gilscan/error.h"
+#include "gilscan/mapped_file.h"
+
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
@@ -52,16 +57,6 @@ bool append_file_id(std::string& out, const char* path) {
         out += std::to_string(v);
     }
     return true;
-}
-
-std::string hex(const unsigned char* p, int n) {
-    static const char* d = "0123456789abcdef";
-    std::string s;
-    for (int i = 0; i < n; ++i) {
-        s += d[p[i] >> 4];
-        s += d[p[i] & 15];
-    }
-    return s;
 }
 
 bool parse_hex(std::string_view s, uint64_t& v) {
@@ -123,42 +118,6 @@ bool parse(std::string_view text, const std::string& key, std::unordered_map<uin
     return true;
 }
 
-std::string read_small_file(const std::string& path) {
-    std::string text;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return text;
-    char buf[64 << 10];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        text.append(buf, static_cast<size_t>(n));
-        if (text.size() > (64u << 20)) {  // no store of ours is this large
-            text.clear();
-            break;
-        }
-    }
-    ::close(fd);
-    return text;
-}
-
-bool write_whole(const std::string& dir, const std::string& name, const std::string& text) {
-    std::string tmp = dir + "/." + name + ".XXXXXX";
-    const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-    if (fd < 0) return false;
-    bool ok = ::fchmod(fd, 0600) == 0;
-    for (size_t at = 0; ok && at < text.size();) {
-        const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) ok = false;
-        else at += static_cast<size_t>(n);
-    }
-    ok = ::close(fd) == 0 && ok;
-    ok = ok && ::rename(tmp.c_str(), (dir + "/" + name).c_str()) == 0;
-    if (!ok) ::unlink(tmp.c_str());
-    return ok;
-}
-
 }  // namespace
 
 NameStore::NameStore(std::string dir) : dir_(std::move(dir)) {}
@@ -174,7 +133,7 @@ std::string NameStore::key_of(Dwfl_Module* m) {
     if (dw && dwarf_getalt(dw)) return "";  // names partly from a dwz file: not keyed here
     const char *mainfile = nullptr, *debugfile = nullptr;
     dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, &mainfile, &debugfile);
-    std::string key = hex(bits, n) + "\t";
+    std::string key = to_hex(Bytes(bits, static_cast<size_t>(n))) + "\t";
     if (!append_file_id(key, mainfile)) return "";
     key += '\t';
     if (debugfile && std::string_view(debugfile) != mainfile) {
@@ -198,7 +157,13 @@ NameStore::Module* NameStore::module(Dwfl_Module* m) {
         slot = std::make_unique<Module>();
         slot->key = key;
         slot->build_id = key.substr(0, key.find('\t'));
-        if (!parse(read_small_file(dir_ + "/names-" + slot->build_id), key, slot->known)) slot->known.clear();
+        try {
+            const MappedFile file(dir_ + "/names-" + slot->build_id);
+            const Bytes b = file.bytes();
+            if (!parse({reinterpret_cast<const char*>(b.data()), b.size()}, key, slot->known)) slot->known.clear();
+        } catch (const Error&) {
+            // none yet, or unreadable: a miss
+        }
     }
     return slot.get();
 }
@@ -266,7 +231,8 @@ bool NameStore::save() {
         text.append(buf, std::to_chars(buf, buf + sizeof buf, hash, 16).ptr);
         text += '\n';
         // (known is read without the lock: it stays as loaded.)
-        if (write_whole(dir_, "names-" + mod->build_id, text)) mod->saved = mod->added.size();
+        AsideFile file(dir_, "names-" + mod->build_id);
+        if (file.write(text) && file.commit()) mod->saved = mod->added.size();
         else ok = false;
     }
     return ok;
