@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gilscan/aside_file.h"
 #include "gilscan/cursor.h"
 #include "gilscan/error.h"
 
@@ -40,16 +41,6 @@ std::string_view get_string(Cursor& c) {
     const uint32_t n = c.read<uint32_t>();
     const Bytes b = c.bytes(n);
     return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
-bool write_all(int fd, const std::string& s) {
-    for (size_t at = 0; at < s.size();) {
-        const ssize_t n = ::write(fd, s.data() + at, s.size() - at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        at += static_cast<size_t>(n);
-    }
-    return true;
 }
 
 // The table in an entry's bytes, or throws Error (caught: a miss).
@@ -174,20 +165,18 @@ bool write_kallsyms_cache(const std::string& dir, const KallsymsKey& key, const 
     if (names_len > UINT32_MAX) return false;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    const std::string path = kallsyms_cache_path(dir, key.build_id);
-    std::string tmp = dir + "/.kallsyms-" + key.build_id + ".XXXXXX";
-    const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-    if (fd < 0) return false;
+    AsideFile file(dir, "kallsyms-" + key.build_id);  // kallsyms_cache_path's name, mode 0600
+    if (!file.ok()) return false;
     // Streamed through one small buffer: the header, the records with their
     // names' offsets in the compacted arena, then the arena. (Built whole in
     // memory first, the entry and its pieces took some 3,000 page faults
     // of about 10 us each here.)
     std::string out;
     out.reserve(256u << 10);
-    bool ok = ::fchmod(fd, 0600) == 0;
+    bool ok = true;
     auto flush = [&](bool force) {
         if (!force && out.size() < (240u << 10)) return;
-        ok = ok && write_all(fd, out);
+        ok = ok && file.write(out);
         out.clear();
     };
     out.append(kMagic, sizeof kMagic);
@@ -212,12 +201,7 @@ bool write_kallsyms_cache(const std::string& dir, const KallsymsKey& key, const 
         flush(false);
     }
     flush(true);
-    ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
-    ::close(fd);
-    if (!ok) {
-        ::unlink(tmp.c_str());
-        return false;
-    }
+    if (!ok || !file.commit()) return false;
     // Other kernels' entries: only this one is of use until the next boot into them.
     const std::string mine = "kallsyms-" + key.build_id;
     for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
