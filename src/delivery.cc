@@ -394,6 +394,19 @@ void Session::run(EventSink& sink) {
             rd.error = std::current_exception();
         }
         handoff.close();
+        // The stages still have up to kInFlightBytes of records to go
+        // through, and hand over trace events all the while: the reader
+        // does that idle work (formats them) until they are done, rather
+        // than leave all of it to the stages' thread (TraceRelay::close
+        // formatted 17 blocks, 2.2 ms of a 67 ms -j 2 run of the bench's
+        // DWARF capture; 8-15 now, 0.8-1.4 ms). When there is none, it
+        // looks again every 100 us, and stops once the stages are done (or
+        // gave up).
+        if (idle_work) {
+            using namespace std::chrono_literals;
+            while (!handoff.wait_idle_for((*idle_work)() ? 0us : 100us)) {
+            }
+        }
     };
 
     if (!threaded) {

@@ -1081,6 +1081,49 @@ TEST_CASE("the reader's idle work runs on its thread while the stages' queue is 
     CHECK(got[1].times == got[0].times);
 }
 
+TEST_CASE("after its last record the reader does the stages' idle work until they are done") {
+    SchedRecording r;
+    constexpr int kRecords = 2000;
+    for (int i = 0; i < kRecords; ++i) r.switch_(1000 + static_cast<uint64_t>(i), 0, 10, 11, 1, 0);
+    r.w.finished_round();
+    TempFile f(r.w.build());
+    // At the last record the stages wait until the reader has asked for
+    // idle work three more times: it has read everything by then, and
+    // still works for the stages (the trace's last blocks, at -j 2) while
+    // they finish. A reader that stopped at the end would never ask again
+    // (the wait gives up after 60 s, and the check fails).
+    struct Last : Times {
+        std::atomic<int>* calls = nullptr;
+        int left = kRecords;
+        bool saw_more = false;
+        void on_sample(const Sample& s, const EventInfo& ev) override {
+            if (--left == 0) {
+                const int at = calls->load();
+                const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+                while (calls->load() < at + 3 && std::chrono::steady_clock::now() < give_up)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                saw_more = calls->load() >= at + 3;
+            }
+            Times::on_sample(s, ev);
+        }
+    };
+    for (bool has_work : {false, true}) {
+        CAPTURE(has_work);  // no work left (it looks again), or always some (it stops when the stages are done)
+        Session s(f.path);
+        s.set_threaded(true);
+        std::atomic<int> calls{0};
+        s.set_reader_idle([&] {
+            ++calls;
+            return has_work;
+        });
+        Last got;
+        got.calls = &calls;
+        s.run(got);  // returns: the reader stopped once the stages were done
+        CHECK(got.saw_more);
+        CHECK(got.times.size() == size_t{kRecords});
+    }
+}
+
 TEST_CASE("Handoff: batches arrive in order, come back, and an abort stops the producer") {
     Handoff<std::vector<int>> h(2);
     std::vector<int> got;

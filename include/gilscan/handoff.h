@@ -6,6 +6,7 @@
 //              while (h.take_done(b)) ...     // batches the consumer finished
 //              h.would_wait(bytes);           // push() would block now (a hint)
 //              h.wait_idle();                 // everything pushed so far is consumed
+//              h.wait_idle_for(100us);        // the same, for at most that long
 //              h.close();                     // no more batches
 //   consumer:  while (h.pop(b)) { ...; h.done(std::move(b)); }
 //              h.pop(b, [&] { return other_work(); });  // while nothing is queued
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -106,6 +108,13 @@ public:
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return aborted_ || finished_ == pushed_; });
         return !aborted_;
+    }
+    // wait_idle() for at most `timeout`: true once the consumer has finished
+    // every batch pushed (or gave up), false if it is still at work.
+    template <class Duration>
+    bool wait_idle_for(Duration timeout) {
+        std::unique_lock<std::mutex> l(mu_);
+        return cv_.wait_for(l, timeout, [&] { return aborted_ || finished_ == pushed_; });
     }
     void close() {
         std::lock_guard<std::mutex> l(mu_);
