@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -265,6 +266,27 @@ uint64_t default_debuginfo_cache_limit() {
     return 2ull << 30;
 }
 
+namespace {
+// "<hex>.debug" (an inflated debug file) or "names-<hex>" (name_store.h).
+bool is_cache_entry(const std::string& name) {
+    constexpr std::string_view kDebug = ".debug", kNames = "names-";
+    std::string_view id = name;
+    if (id.size() > kDebug.size() && id.substr(id.size() - kDebug.size()) == kDebug)
+        id.remove_suffix(kDebug.size());
+    else if (id.size() > kNames.size() && id.substr(0, kNames.size()) == kNames)
+        id.remove_prefix(kNames.size());
+    else
+        return false;
+    return id.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+}  // namespace
+
+void mark_cache_entry_used(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && static_cast<int64_t>(::time(nullptr)) - st.st_mtime > kMarkUsedAfter)
+        ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // fails on a read-only cache: left as it is
+}
+
 uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep) {
     namespace fs = std::filesystem;
     struct Entry {
@@ -287,7 +309,7 @@ uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const
                 removed += size;
             continue;
         }
-        if (name.size() <= 6 || name.compare(name.size() - 6, 6, ".debug") != 0) continue;  // not ours
+        if (!is_cache_entry(name)) continue;  // not ours
         total += size;
         if (name != keep) entries.push_back({it->path(), size, static_cast<int64_t>(st.st_mtime)});
     }
@@ -342,9 +364,7 @@ int cached_debuginfo_fd(const std::string& id, const std::string& debug_file, st
     const std::string path = dir + "/" + id + ".debug";
     int entry = open_entry(path, id);
     if (entry >= 0) {
-        struct stat st {};
-        if (::fstat(entry, &st) == 0 && static_cast<int64_t>(::time(nullptr)) - st.st_mtime > kMarkUsedAfter)
-            ::futimens(entry, nullptr);  // used now (a read-only cache stays as it is)
+        mark_cache_entry_used(path);
     } else {
         const int fd = ::open(debug_file.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) return -1;

@@ -120,7 +120,7 @@ bool parse(std::string_view text, const std::string& key, std::unordered_map<uin
 
 }  // namespace
 
-NameStore::NameStore(std::string dir) : dir_(std::move(dir)) {}
+NameStore::NameStore(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
 NameStore::~NameStore() = default;
 
 std::string NameStore::key_of(Dwfl_Module* m) {
@@ -158,9 +158,13 @@ NameStore::Module* NameStore::module(Dwfl_Module* m) {
         slot->key = key;
         slot->build_id = key.substr(0, key.find('\t'));
         try {
-            const MappedFile file(dir_ + "/names-" + slot->build_id);
+            const std::string path = dir_ + "/names-" + slot->build_id;
+            const MappedFile file(path);
             const Bytes b = file.bytes();
-            if (!parse({reinterpret_cast<const char*>(b.data()), b.size()}, key, slot->known)) slot->known.clear();
+            if (parse({reinterpret_cast<const char*>(b.data()), b.size()}, key, slot->known))
+                mark_cache_entry_used(path);
+            else
+                slot->known.clear();
         } catch (const Error&) {
             // none yet, or unreadable: a miss
         }
@@ -202,6 +206,7 @@ bool NameStore::save() {
     std::lock_guard<std::mutex> l(mu_);
     bool ok = true;
     std::error_code ec;
+    std::string written;  // the last file written (kept by the pruning)
     for (auto& [key, mod] : modules_) {
         if (mod->added.size() == mod->saved) continue;
         std::vector<std::pair<uint64_t, const StoredName*>> all;
@@ -232,9 +237,15 @@ bool NameStore::save() {
         text += '\n';
         // (known is read without the lock: it stays as loaded.)
         AsideFile file(dir_, "names-" + mod->build_id);
-        if (file.write(text) && file.commit()) mod->saved = mod->added.size();
-        else ok = false;
+        if (file.write(text) && file.commit()) {
+            mod->saved = mod->added.size();
+            written = "names-" + mod->build_id;
+        } else {
+            ok = false;
+        }
     }
+    // Entries of the cache directory like its debug files: kept under its limit.
+    if (!written.empty()) prune_debuginfo_cache(dir_, max_bytes_, written);
     return ok;
 }
 

@@ -22,6 +22,7 @@
 
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <utime.h>
 
@@ -239,4 +240,62 @@ TEST_CASE("name store: a damaged file is a miss and is written anew; names with 
     NameStore off("");
     CHECK(off.module(l.mod) == nullptr);
     CHECK(off.save());
+}
+
+namespace {
+void age(const fs::path& p, int64_t seconds) {
+    const timespec t[2] = {{::time(nullptr) - seconds, 0}, {::time(nullptr) - seconds, 0}};
+    REQUIRE(::utimensat(AT_FDCWD, p.c_str(), t, 0) == 0);
+}
+int64_t age_of(const fs::path& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return static_cast<int64_t>(::time(nullptr)) - static_cast<int64_t>(st.st_mtime);
+}
+}  // namespace
+
+TEST_CASE("name store: its files are entries of the cache, marked used when loaded and pruned under its limit") {
+    Loaded l(kLibc, 0x7f1234000000ull);
+    REQUIRE(l.mod);
+    test::TempDir dir("gilscan-names");
+    const int64_t day = 24 * 3600;
+    // Another binary's names (used 3 days ago), a debug file (2 days ago);
+    // what is not an entry: the kernel's symbols, a names file of no
+    // build-id, a file of the user's.
+    for (const char* name : {"names-bbbb", "aaaa.debug", "kallsyms-cccc", "names-xyz", "notes.txt"})
+        write_text(dir.path / name, std::string(1000, 'x'));
+    age(dir.path / "names-bbbb", 3 * day);
+    age(dir.path / "aaaa.debug", 2 * day);
+    age(dir.path / "kallsyms-cccc", 5 * day);
+    age(dir.path / "names-xyz", 5 * day);
+    const fs::path mine = dir.path / ("names-" + build_id_of(l.mod));
+    {
+        // 1,500 bytes allowed: with this binary's new file the two entries
+        // are over it, and the least recently used one goes.
+        NameStore store(dir.path.string(), 1500);
+        NameStore::Module* mod = store.module(l.mod);
+        REQUIRE(mod);
+        store.add(*mod, l.mod, 0x7f1234000000ull + 0x1000, StoredName{{}, true, "f", 1});
+        CHECK(store.save());
+    }
+    CHECK(fs::exists(mine));
+    CHECK_FALSE(fs::exists(dir.path / "names-bbbb"));
+    CHECK(fs::exists(dir.path / "aaaa.debug"));
+    for (const char* name : {"kallsyms-cccc", "names-xyz", "notes.txt"}) CHECK(fs::exists(dir.path / name));
+
+    // Loaded and used: marked now when last marked two days ago, left as
+    // it is when an hour ago (no write per run). Nothing new: not written.
+    for (int64_t ago : {2 * day, int64_t{3600}}) {
+        CAPTURE(ago);
+        age(mine, ago);
+        NameStore store(dir.path.string(), 1500);
+        NameStore::Module* mod = store.module(l.mod);
+        REQUIRE(mod);
+        CHECK(store.find(*mod, l.mod, 0x7f1234000000ull + 0x1000) != nullptr);
+        CHECK(store.save());
+        if (ago > day)
+            CHECK(age_of(mine) < 60);
+        else
+            CHECK(age_of(mine) >= ago - 60);
+    }
 }

@@ -60,7 +60,15 @@ std::string elf_build_id_hex(int fd);
 bool write_inflated_elf(int in, int out, unsigned threads);
 // The limit applied to `dir` now: least recently used entries (by mtime)
 // removed until at most max_bytes are left, never `keep` (a file name);
-// stale temporaries removed. Returns the bytes removed.
+// stale temporaries removed. Returns the bytes removed. Entries are the
+// inflated debug files ("<build-id>.debug") and the frame names kept per
+// binary ("names-<build-id>", name_store.h); the kernel's symbol table
+// (kallsyms_cache.h, one per boot, replaced by the next) and anything else
+// are neither counted nor removed.
 uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep);
+// Marks the entry at `path` used (its mtime set to now) when it was last
+// marked more than a day ago: at most one write a day per entry, and none
+// where the cache is read-only.
+void mark_cache_entry_used(const std::string& path);
 
 }  // namespace gilscan

@@ -32,7 +32,10 @@
 //
 // One file per build-id, "names-<build-id>" in the cache directory; answers
 // whose names hold a tab or newline are not kept. A malformed file is a
-// miss, never an error. Thread-safe: every thread's FrameNamer asks the one
+// miss, never an error. The files are entries of the cache like its
+// inflated debug files, under the same limit (debuginfo_cache.h): marked
+// used when loaded (at most once a day), and the least recently used
+// entries removed when one is written and the directory holds more. Thread-safe: every thread's FrameNamer asks the one
 // store; what was loaded is read without a lock.
 #pragma once
 
@@ -43,6 +46,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "gilscan/debuginfo_cache.h"
 
 struct Dwfl_Module;
 
@@ -60,7 +65,9 @@ class NameStore {
 public:
     struct Module;  // one module's answers: name_store.cc
 
-    explicit NameStore(std::string dir);
+    // max_bytes: the cache directory's limit, applied when save() writes
+    // (0: none).
+    explicit NameStore(std::string dir, uint64_t max_bytes = default_debuginfo_cache_limit());
     ~NameStore();
     NameStore(const NameStore&) = delete;
     NameStore& operator=(const NameStore&) = delete;
@@ -84,6 +91,7 @@ public:
 
 private:
     std::string dir_;
+    uint64_t max_bytes_;
     std::mutex mu_;  // modules_ and each module's added answers
     std::unordered_map<std::string, std::unique_ptr<Module>> modules_;  // by key
     std::atomic<uint64_t> hits_{0}, misses_{0};
