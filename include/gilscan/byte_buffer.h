@@ -5,6 +5,7 @@
 //   b.resize(2u << 20);          // no zero fill; from 2 MiB on, huge pages
 //   size_t n = pread(fd, b.data(), b.size(), off);
 //   std::vector<Entry, UninitAllocator<Entry>> v;   // any vector: resize() without a fill
+//   std::vector<Sym, PrefaultAllocator<Sym>> syms;  // the same, its pages present at once
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace gilscan {
 
@@ -68,6 +70,47 @@ struct HugeUninitAllocator : UninitAllocator<T> {
     static constexpr size_t kHuge = 2u << 20;
 };
 using ChunkBytes = std::vector<uint8_t, HugeUninitAllocator<uint8_t>>;
+
+// Makes the pages of [p, p + bytes) present and writable with one call
+// (MADV_POPULATE_WRITE, Linux 5.14) instead of a page fault each the first
+// time they are written. Why: on this project's VM a fault costs some 10
+// us, and the call 27 us for 56 pages. Harmless for pages that are present
+// already (heap memory reused), and where the call fails (an older kernel:
+// the faults come as before). Contents are kept.
+inline void prefault(const void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+    static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    if (bytes == 0) return;
+    const uintptr_t from = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) & ~(page - 1);
+    ::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// An allocator (resize() without a fill, as UninitAllocator) whose
+// allocations of kPrefaultFrom bytes and up are prefaulted: for arrays that
+// are sized once and then filled or zeroed whole (an ELF file's symbols, the
+// trace writer's tables, the reader's batches), one call instead of a fault
+// per page.
+template <class T>
+struct PrefaultAllocator : UninitAllocator<T> {
+    template <class U>
+    struct rebind {
+        using other = PrefaultAllocator<U>;
+    };
+    PrefaultAllocator() = default;
+    template <class U>
+    PrefaultAllocator(const PrefaultAllocator<U>&) noexcept {}
+    T* allocate(size_t n) {
+        T* p = std::allocator<T>::allocate(n);
+        if (n * sizeof(T) >= kPrefaultFrom) prefault(p, n * sizeof(T));
+        return p;
+    }
+    static constexpr size_t kPrefaultFrom = 32u << 10;
+};
 
 // Copies n bytes, for the short strings of trace events ("R+", "GIL wait",
 // a comm): two overlapping loads and stores, reading and writing only
