@@ -35,8 +35,9 @@
 // miss, never an error. The files are entries of the cache like its
 // inflated debug files, under the same limit (debuginfo_cache.h): marked
 // used when loaded (at most once a day), and the least recently used
-// entries removed when one is written and the directory holds more. Thread-safe: every thread's FrameNamer asks the one
-// store; what was loaded is read without a lock.
+// entries removed when one is written and the directory holds more.
+// Thread-safe: every thread's FrameNamer asks the one store; what was
+// loaded is read without a lock.
 #pragma once
 
 #include <atomic>
