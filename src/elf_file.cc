@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include <lzma.h>
 
@@ -33,10 +34,51 @@ std::string gnu_build_id_hex(Bytes notes) {
     return "";
 }
 
+namespace {
+// One dot-separated part of a compiler's clone suffix: GCC's .constprop.N,
+// .isra.N, .part.N, .cold(.N), .lto_priv.N, .localalias, .clone.N, LLVM's
+// .llvm.<digits> and .__uniq.<digits>, chained in any order.
+bool clone_word(std::string_view c) {
+    static constexpr std::string_view kWords[] = {"constprop", "isra",   "part", "cold",   "lto_priv",
+                                                  "localalias", "clone", "llvm", "__uniq", "specialized"};
+    return std::find(std::begin(kWords), std::end(kWords), c) != std::end(kWords);
+}
+bool all_digits(std::string_view c) {
+    return !c.empty() && std::all_of(c.begin(), c.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+// rest (after a dot) is a clone suffix: a clone word first, then words and numbers.
+bool clone_suffix(std::string_view rest) {
+    bool first = true;
+    for (;;) {
+        const size_t dot = rest.find('.');
+        const std::string_view c = rest.substr(0, dot);
+        if (!(clone_word(c) || (!first && all_digits(c)))) return false;
+        if (dot == std::string_view::npos) return true;
+        rest.remove_prefix(dot + 1);
+        first = false;
+    }
+}
+}  // namespace
+
 std::string_view symbol_base_name(std::string_view name) {
-    name = name.substr(0, name.find('@'));  // symbol versions: pthread_cond_timedwait@@GLIBC_2.3.2
-    size_t dot = name.find('.');
-    return dot == std::string_view::npos ? name : name.substr(0, dot);
+    // A symbol version (pthread_cond_timedwait@@GLIBC_2.3.2): '@' or "@@"
+    // and a version name. An '@' in anything else (a JIT function's path in
+    // perf inject --jit's jitted-*.so) stays.
+    if (const size_t at = name.find('@'); at != std::string_view::npos) {
+        std::string_view v = name.substr(at + 1);
+        if (!v.empty() && v.front() == '@') v.remove_prefix(1);
+        if (!v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+                return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+            }))
+            name = name.substr(0, at);
+    }
+    // Only a compiler's clone suffix goes: a dot in anything else is the
+    // name's own (Python's JIT frames, "py::Condition.wait:/usr/lib/python3.13/threading.py",
+    // which perf inject --jit writes as jitted-*.so symbols, were cut at
+    // their first dot).
+    for (size_t dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.', dot + 1))
+        if (clone_suffix(name.substr(dot + 1))) return name.substr(0, dot);
+    return name;
 }
 
 ElfFile::ElfFile(const std::string& path) : file_(path) { parse(); }

@@ -116,6 +116,16 @@ TEST_CASE("python resolution: the pyenv shim (bash that execs) leads to its libp
     CHECK(symbol_base_name("drop_gil.cold") == "drop_gil");
     CHECK(symbol_base_name("take_gil.llvm.8126345") == "take_gil");
     CHECK(symbol_base_name("pthread_cond_timedwait@@GLIBC_2.3.2") == "pthread_cond_timedwait");
+    CHECK(symbol_base_name("memcpy@GLIBC_2.2.5") == "memcpy");
+    CHECK(symbol_base_name("drop_gil.cold.12") == "drop_gil");
+    CHECK(symbol_base_name("f.part.0.constprop.0") == "f");
+    CHECK(symbol_base_name("g.__uniq.123456789") == "g");
+    // Dots and '@' of the name's own stay (perf inject --jit's Python frames).
+    CHECK(symbol_base_name("py::Condition.wait:/root/.pyenv/versions/3.13.0/lib/python3.13/threading.py") ==
+          "py::Condition.wait:/root/.pyenv/versions/3.13.0/lib/python3.13/threading.py");
+    CHECK(symbol_base_name("py::run:/home/a@b/app.py") == "py::run:/home/a@b/app.py");
+    CHECK(symbol_base_name("python3.13") == "python3.13");
+    CHECK(symbol_base_name("x.cold_path") == "x.cold_path");
     CHECK_THROWS_AS(resolve_python_binary("/bin/sh"), Error);
     CHECK_THROWS_AS(resolve_python_binary("no-such-python-here"), Error);
 }
