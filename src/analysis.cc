@@ -212,8 +212,9 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         else if (!summary.gil_functions.empty() && std::none_of(summary.gil_functions.begin(), summary.gil_functions.end(),
                               [](const GilFunctionStats& f) { return !f.function.empty(); }))
             summary.warnings.push_back(
-                "--gil-functions: no GIL wait's stack reached a Python function named by a perf map (python3 -X "
-                "perf, 3.12+, writes them to /tmp/perf-PID.map; take_gil return uprobes end the stacks early)");
+                "--gil-functions: no GIL wait's stack reached a Python function named by a perf map or jitdump "
+                "(python3 -X perf, 3.12+, writes /tmp/perf-PID.map, -X perf_jit, 3.13+, /tmp/jit-PID.dump; "
+                "take_gil return uprobes end the stacks early)");
     }
     if (timeline.decoder().field_errors())
         summary.warnings.push_back(std::to_string(timeline.decoder().field_errors()) +

@@ -148,8 +148,7 @@ const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
     if (it != names.end()) return &it->second;
     const PerfMapSymbol* sym = jit_map_->find(f.pc);
     if (!sym) return nullptr;
-    const std::string map = "perf-" + std::to_string(jit_pid_) + ".map";
-    return &names.emplace(f.pc, names_json({frame_text(sym->name, f.pc - sym->start, map)})).first->second;
+    return &names.emplace(f.pc, names_json({frame_text(sym->name, f.pc - sym->start, jit_map_->source())})).first->second;
 }
 
 // Whether the sleep's user frames run through JIT code its process's perf

@@ -58,13 +58,15 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            frames from CALLCHAIN, up to N unwound user frames)
       --gil-functions      summary: GIL waits (S(GIL) sleeps) by the Python function
                            that waits, from stacks unwound past take_gil to
-                           their first JIT frame (Python 3.12+ run with -X perf;
-                           its perf maps: --perf-maps)
+                           their first JIT frame (Python 3.12+ run with -X perf,
+                           3.13+ with -X perf_jit; see --perf-maps)
       --symfs DIR          look for the recorded binaries under DIR first (and in a
                            perf build-id cache there)
       --perf-maps DIR      name frames in JIT code (Python 3.12+ run with -X perf)
                            for --sleep-stacks and --gil-functions from
-                           DIR/perf-PID.map, as perf does from /tmp (default: /tmp)
+                           DIR/perf-PID.map, as perf does from /tmp (default: /tmp),
+                           or DIR/jit-PID.dump (3.13+ with -X perf_jit: names,
+                           and the CFI to unwind on through; no perf inject)
       --no-perf-maps       leave those frames unnamed
       --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
                            *-dbg packages) in DIR, by build-id, so that later runs

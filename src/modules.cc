@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <mutex>
 
+#include "gilscan/jitdump.h"
+
 namespace gilscan {
 
 namespace fs = std::filesystem;
@@ -145,8 +147,11 @@ std::unique_ptr<Module> ModuleCache::load(const Mapping& m, const std::string& w
 }
 
 bool names_a_file(std::string_view p) {
+    // A jitdump's marker (jit-PID.dump, mapped executable so that perf
+    // records where the dump is) holds no code: loaded as a module it was
+    // "cannot unwind through /tmp/jit-PID.dump: not found".
     return !p.empty() && p[0] == '/' && p.rfind("//", 0) != 0 && p.rfind("/memfd:", 0) != 0 && p.rfind("/SYSV", 0) != 0 &&
-           p.rfind("/dev/", 0) != 0;
+           p.rfind("/dev/", 0) != 0 && !is_jitdump_path(p);
 }
 
 bool ModuleCache::key_of(const Mapping& m, std::string_view& want, std::string_view& key, bool& by_id) const {

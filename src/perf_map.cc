@@ -37,6 +37,22 @@ bool take_space(std::string_view& s) {
     return true;
 }
 
+// The whole of a file into text; false (errno in err) when it cannot be
+// opened. failed: a read error part way.
+bool read_whole(const std::string& path, std::string& text, bool& failed, int& err) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) {
+        err = errno;
+        return false;
+    }
+    text.clear();
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    failed = std::ferror(f);
+    std::fclose(f);
+    return true;
+}
+
 }  // namespace
 
 PerfMap PerfMap::parse(std::string_view text) {
@@ -64,12 +80,34 @@ PerfMap PerfMap::parse(std::string_view text) {
     return m;
 }
 
+PerfMap PerfMap::from_jitdump(const JitDump& d) {
+    PerfMap m;
+    m.symbols_.reserve(d.codes.size());
+    for (const JitCode& c : d.codes) {
+        PerfMapSymbol sym{c.start, c.size, c.name};
+        std::vector<JitCfiRow> rows = jit_cfi_rows(c);
+        sym.cfi_first = static_cast<uint32_t>(m.cfi_.size());
+        sym.cfi_count = static_cast<uint32_t>(rows.size());
+        m.cfi_.insert(m.cfi_.end(), rows.begin(), rows.end());
+        m.symbols_.push_back(std::move(sym));
+    }
+    std::stable_sort(m.symbols_.begin(), m.symbols_.end(),
+                     [](const PerfMapSymbol& a, const PerfMapSymbol& b) { return a.start < b.start; });
+    return m;
+}
+
 const PerfMapSymbol* PerfMap::find(uint64_t pc) const {
     auto it = std::upper_bound(symbols_.begin(), symbols_.end(), pc,
                                [](uint64_t v, const PerfMapSymbol& s) { return v < s.start; });
     if (it == symbols_.begin()) return nullptr;
     --it;
     return pc - it->start < it->size ? &*it : nullptr;
+}
+
+const CfiRule* PerfMap::cfi_at(uint64_t pc) const {
+    const PerfMapSymbol* s = find(pc);
+    if (!s || s->cfi_count == 0) return nullptr;
+    return jit_cfi_at(std::span<const JitCfiRow>(cfi_).subspan(s->cfi_first, s->cfi_count), pc - s->start);
 }
 
 bool is_jit_mapping(std::string_view path) {
@@ -86,25 +124,35 @@ std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
     if (slot) return slot;
     auto map = std::make_shared<PerfMap>();
     if (!dir_.empty() && pid > 0) {
-        const std::string path = dir_ + "/perf-" + std::to_string(pid) + ".map";
-        std::FILE* f = std::fopen(path.c_str(), "rb");
-        if (!f) {
-            missing_[pid] = "no perf map " + path + " (" + std::strerror(errno) + "): process " +
-                            std::to_string(pid) +
-                            "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
-        } else {
-            std::string text;
-            char buf[1 << 16];
-            for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-            const bool failed = std::ferror(f);
-            std::fclose(f);
+        const std::string name = "perf-" + std::to_string(pid) + ".map";
+        const std::string path = dir_ + "/" + name;
+        const std::string dump_name = "jit-" + std::to_string(pid) + ".dump";
+        const std::string dump_path = dir_ + "/" + dump_name;
+        std::string text;
+        bool failed = false;
+        int map_errno = 0;
+        if (read_whole(path, text, failed, map_errno)) {
             *map = PerfMap::parse(text);
+            map->set_source(name);
             if (failed)
                 problems_.push_back(path + ": read error: the perf map may be incomplete");
             if (map->skipped_lines())
                 problems_.push_back(path + ": " + std::to_string(map->skipped_lines()) +
                                     (map->skipped_lines() == 1 ? " line is not \"START SIZE NAME\" and was skipped"
                                                                : " lines are not \"START SIZE NAME\" and were skipped"));
+        } else if (int dump_errno = 0; read_whole(dump_path, text, failed, dump_errno)) {
+            const JitDump d = parse_jitdump(Bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size()), dump_path);
+            *map = PerfMap::from_jitdump(d);
+            map->set_source(dump_name);
+            if (failed)
+                problems_.push_back(dump_path + ": read error: the jitdump may be incomplete");
+            if (!d.problem.empty())
+                problems_.push_back(d.problem + (d.codes.empty() ? "" : " (the " + std::to_string(d.codes.size()) +
+                                                                            " code loads before it are used)"));
+        } else {
+            missing_[pid] = "no perf map " + path + " (" + std::strerror(map_errno) + ") or jitdump " + dump_name +
+                            ": process " + std::to_string(pid) +
+                            "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
         }
     }
     slot = std::move(map);
@@ -120,7 +168,7 @@ std::vector<std::string> PerfMaps::problems() const {
     size_t shown = 0;
     for (const auto& [pid, line] : missing_) {
         if (shown++ == kMissingShown) {
-            out.push_back("and " + std::to_string(missing_.size() - kMissingShown) + " more processes with no perf map in " +
+            out.push_back("and " + std::to_string(missing_.size() - kMissingShown) + " more processes with no perf map or jitdump in " +
                           dir_ + ": their frames in anonymous memory stay unnamed");
             break;
         }

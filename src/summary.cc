@@ -130,7 +130,7 @@ std::string comm_column(const std::string& comm) {
 void print_gil_functions(std::FILE* out, const FileSummary& fs) {
     uint64_t total = 0;
     for (const auto& f : fs.gil_functions) total += f.sleep_ns;
-    std::fprintf(out, "\nGIL waits by Python function (S(GIL) sleeps; the innermost perf-map frame past take_gil):\n");
+    std::fprintf(out, "\nGIL waits by Python function (S(GIL) sleeps; the innermost JIT frame past take_gil, named by a perf map or jitdump):\n");
     if (fs.gil_functions.empty()) {
         std::fprintf(out, "  (no S(GIL) sleeps)\n");
         return;

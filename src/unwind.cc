@@ -339,7 +339,16 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
     for (bool initial = true;; initial = false) {
         // The initial frame's pc is exact; a caller's is a return address.
         const uint64_t pc = initial ? regs[CfiRule::kRa] : regs[CfiRule::kRa] - 1;
-        const CfiRule& rule = sp.rules.at(sp.dwfl, pc);
+        const CfiRule* found = &sp.rules.at(sp.dwfl, pc);
+        // JIT code whose jitdump recorded its CFI (CPython's -X perf_jit
+        // trampolines): a module's rule in all but name.
+        if (found->no_module) {
+            if (const CfiRule* jit = jit_rule(*cur.as, pc)) {
+                found = jit;
+                ++jit_frames_;
+            }
+        }
+        const CfiRule& rule = *found;
         if (rule.no_module) {
             // No module here: JIT code (Python's -X perf trampolines), or a
             // return address that is no code of the process's files (the
@@ -422,6 +431,18 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
         if (!((next_have >> CfiRule::kRa) & 1) || regs[CfiRule::kRa] == 0) return UnwindStatus::Complete;
         have = next_have;
     }
+}
+
+const CfiRule* DwarfUnwinder::jit_rule(const AddressSpace& as, uint64_t pc) {
+    // Only where a perf map or jitdump would name the pc (perf_map.h): the
+    // process's map is read here no sooner than its frames' names would read it.
+    const Mapping* m = as.find(pc);
+    if (!m || !m->exec || !is_jit_mapping(m->path)) return nullptr;
+    if (!jit_map_ || jit_pid_ != as.pid) {
+        jit_map_ = modules_.perf_maps().of_pid(as.pid);
+        jit_pid_ = as.pid;
+    }
+    return jit_map_->cfi_at(pc);
 }
 
 void* DwarfUnwinder::dwfl_for(const AddressSpace& as) {

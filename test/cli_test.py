@@ -102,7 +102,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # /tmp by default), --no-perf-maps; a missing map is one warning.
     pm = os.path.join(DATA, "stacks_py312_perfmap.data")
     maps = os.path.join(DATA, "perf-maps")
-    (pm_map,) = os.listdir(maps)  # perf-PID.map of the recording's python
+    (pm_map,) = [f for f in os.listdir(maps) if f.startswith("perf-")]  # perf-PID.map of the recording's python
     r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--perf-maps", maps)
     stacks = [e for e in json.load(open(trace))["traceEvents"] if "stack" in e.get("args", {})]
     named = [e for e in stacks if any(f.endswith(f" ({pm_map})") for f in e["args"]["stack"])]
@@ -130,6 +130,27 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(pm, "-o", trace, "-q", "--perf-maps", empty)
     check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks no perf map is read")
     check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
+
+    # -X perf_jit (CPython 3.13+): its jitdump, DIR/jit-PID.dump, names the
+    # trampolines and gives their CFI: the stacks go on through every Python
+    # function, as perf script's do after perf inject --jit.
+    pj = os.path.join(DATA, "stacks_py313_perfjit.data")
+    (pj_dump,) = [f for f in os.listdir(maps) if f.startswith("jit-")]
+    r = run(pj, "-o", trace, "--sleep-stacks", "64", "-q", "--perf-maps", maps)
+    stacks = [e["args"]["stack"] for e in json.load(open(trace))["traceEvents"] if "stack" in e.get("args", {})]
+    jit = [[f for f in st if f.endswith(f" ({pj_dump})")] for st in stacks]
+    check(r.returncode == 0 and "jitdump" not in r.stderr and "cannot unwind" not in r.stderr,
+          f"--perf-maps DIR with a jitdump: nothing to report ({r.stderr})")
+    check(sum(len(j) >= 3 for j in jit) > 50 and all(f.startswith("py::") for j in jit for f in j)
+          and not any("(anon)" in f for st in stacks for f in st),
+          f"jitdump frames named and unwound through ({sum(len(j) >= 3 for j in jit)} of {len(stacks)} stacks 3 deep)")
+    named_trace = open(trace, "rb").read()
+    for j in ("2", "3"):
+        run(pj, "-o", trace, "--sleep-stacks", "64", "-q", "--perf-maps", maps, "-j", j)
+        check(open(trace, "rb").read() == named_trace, f"-j {j}: the same trace with a jitdump")
+    r = run(pj, "-o", trace, "--sleep-stacks", "64", "-q", "--perf-maps", empty)
+    check(r.returncode == 0 and f"or jitdump {pj_dump}" in r.stderr and "(anon)" in open(trace).read()
+          and "cannot unwind" not in r.stderr, f"no jitdump: one warning, the unwind ends at the first trampoline ({r.stderr})")
 
     # --gil-functions: the summary's GIL waits by Python function, the same
     # at any -j, with and without a trace; in the trace, each S(GIL) span's

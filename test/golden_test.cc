@@ -186,9 +186,11 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     // gil_stacks: uprobes and stacks, S(GIL) by stacks: while -j 3's spans
     // wait for their labels, the GIL tracker's events must wait with them.
     // stacks_py312_perfmap: -X perf trampolines named from its perf map
-    // (each thread reads it at the first such frame it meets).
-    for (const std::string name :
-         {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph", "gil_stacks", "stacks_py312_perfmap"}) {
+    // (each thread reads it at the first such frame it meets);
+    // stacks_py313_perfjit: -X perf_jit's named from its jitdump and unwound
+    // through by the dump's CFI (each thread's unwinder reads it too).
+    for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "mixed_callgraph", "gil_stacks",
+                                   "stacks_py312_perfmap", "stacks_py313_perfjit"}) {
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;
             uint64_t ref_sleeps = 0;
@@ -244,6 +246,8 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
                     if (frames && name != "gil_combined") CHECK(trace.find("\"stack\":[") != std::string::npos);
                     if (frames && name == "stacks_py312_perfmap")
                         CHECK(trace.find("py::spin:") != std::string::npos);
+                    if (frames && name == "stacks_py313_perfjit")
+                        CHECK(trace.find("py::spin:/work/main/testdata/workload.py+0x5 (jit-") != std::string::npos);
                     CHECK(trace.find("S(GIL)") != std::string::npos);
                 } else {
                     CHECK(trace == ref_trace);

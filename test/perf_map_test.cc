@@ -92,7 +92,9 @@ TEST_CASE("perf maps are read once per pid from the directory; a missing or dama
     const auto problems = maps.problems();
     REQUIRE(problems.size() == 2);  // each once, sorted
     CHECK(problems[0] == dir.path.string() + "/perf-7.map: 1 line is not \"START SIZE NAME\" and was skipped");
-    CHECK(problems[1].rfind("no perf map " + dir.path.string() + "/perf-6.map (No such file or directory): process 6's", 0) == 0);
+    CHECK(problems[1].rfind("no perf map " + dir.path.string() +
+                                "/perf-6.map (No such file or directory) or jitdump jit-6.dump: process 6's",
+                            0) == 0);
     PerfMaps none("");
     CHECK(none.of_pid(5)->size() == 0);
     CHECK(none.problems().empty());
@@ -110,7 +112,7 @@ TEST_CASE("missing perf maps: the first few by pid, then how many more") {
     CHECK(problems[0] == dir.path.string() + "/perf-3.map: 2 lines are not \"START SIZE NAME\" and were skipped");
     for (size_t i = 0; i < PerfMaps::kMissingShown; ++i)  // the lowest pids, in order
         CHECK(problems[1 + i].find("/perf-" + std::to_string((i + 4) * 10) + ".map (") != std::string::npos);
-    CHECK(problems.back() == "and 3 more processes with no perf map in " + dir.path.string() +
+    CHECK(problems.back() == "and 3 more processes with no perf map or jitdump in " + dir.path.string() +
                                  ": their frames in anonymous memory stay unnamed");
     PerfMaps few(dir.path.string());
     for (int32_t pid = 1; pid <= static_cast<int32_t>(PerfMaps::kMissingShown); ++pid) few.of_pid(pid + 100);
@@ -119,14 +121,16 @@ TEST_CASE("missing perf maps: the first few by pid, then how many more") {
 
 namespace {
 
-// The JIT frames ("... (perf-PID.map)") of a sleep stack's text, without
-// their offsets: "py::spin:/w/workload.py+0x5 (perf-1.map)" -> "py::spin:/w/workload.py".
+// The JIT frames ("... (perf-PID.map)" or "... (jit-PID.dump)") of a sleep
+// stack's text, without their offsets: "py::spin:/w/workload.py+0x5
+// (perf-1.map)" -> "py::spin:/w/workload.py".
 std::vector<std::string> jit_names(std::string_view stack_json, std::string* map_seen = nullptr) {
     std::vector<std::string> out;
     if (stack_json.empty()) return out;
     for (const auto& f : nlohmann::json::parse(stack_json)) {
         const std::string s = f.get<std::string>();
-        const size_t at = s.rfind(" (perf-");
+        size_t at = s.rfind(" (perf-");
+        if (at == std::string::npos) at = s.rfind(" (jit-");
         if (at == std::string::npos) continue;
         if (map_seen) *map_seen = s.substr(at + 2, s.size() - at - 3);
         out.push_back(s.substr(0, s.rfind("+0x", at)));
@@ -138,11 +142,12 @@ std::vector<std::string> jit_names(std::string_view stack_json, std::string* map
 // frames (0: none, the answer alone), JIT frames from perf_maps ("": none),
 // GIL waits' Python functions looked for or not; `each` sees every sleep's label
 // with the classifier and the maps of the moment. Returns the module cache's
-// perf map problems.
+// perf map problems and its modules'.
 template <class F>
 std::vector<std::string> classify_perfmap_sleeps(const std::string& perf_maps, F&& each, unsigned stack_frames = 64,
-                                                 bool gil_functions = false) {
-    Session s(std::string(GILSCAN_TESTDATA) + "/stacks_py312_perfmap.data");
+                                                 bool gil_functions = false,
+                                                 const std::string& data = "stacks_py312_perfmap.data") {
+    Session s(std::string(GILSCAN_TESTDATA) + "/" + data);
     ProcessMaps maps;
     ModuleOptions mo;
     mo.perf_maps = perf_maps;
@@ -157,7 +162,11 @@ std::vector<std::string> classify_perfmap_sleeps(const std::string& perf_maps, F
     });
     FanOutOf<ProcessMaps, Timeline> stages(maps, tl);
     s.run(stages);
-    return modules.perf_maps().problems();
+    // With the modules' own ("cannot unwind through" each): a jitdump's
+    // marker mapping is no module to complain of.
+    std::vector<std::string> problems = modules.perf_maps().problems();
+    for (const auto& p : modules.problems()) problems.push_back(p);
+    return problems;
 }
 
 }  // namespace
@@ -310,3 +319,81 @@ TEST_CASE("a GIL wait's Python function is perf script's first JIT frame past ta
     CHECK(gil == want.size());
     CHECK(named == 0);
 }
+
+// CPython 3.13's -X perf_jit: testdata/stacks_py313_perfjit.data and the
+// jitdump its python wrote (perf-maps/jit-PID.dump), against perf script on
+// the recording `perf inject --jit` made of them (testdata/record_stacks.sh):
+// perf names each trampoline from the ELF file inject wrote for it and
+// unwinds through it by the CFI the dump gave; gilscan reads the dump.
+namespace {
+std::map<std::pair<int32_t, uint64_t>, nlohmann::json> truth_of(const std::string& file) {
+    std::map<std::pair<int32_t, uint64_t>, nlohmann::json> want;
+    std::ifstream jf(std::string(GILSCAN_TESTDATA) + "/" + file);
+    REQUIRE(jf.good());
+    for (const auto& s : nlohmann::json::parse(jf)) want[{s[0].get<int32_t>(), s[1].get<uint64_t>()}] = s[2];
+    return want;
+}
+}  // namespace
+
+TEST_CASE("-X perf_jit: sleep stacks name and unwind through the trampolines from the jitdump, as perf does after inject") {
+    const auto want = truth_of("stacks_py313_perfjit.jit.json");
+    REQUIRE(want.size() >= 50);
+    for (const bool with_dump : {true, false}) {
+        CAPTURE(with_dump);
+        uint64_t sleeps = 0, same = 0, named = 0, deep = 0, anon = 0;
+        const auto problems = classify_perfmap_sleeps(
+            with_dump ? std::string(GILSCAN_TESTDATA) + "/perf-maps" : std::string(),
+            [&](const Sample& smp, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+                if (label.stack().empty()) return;
+                ++sleeps;
+                std::string source;
+                const auto mine = jit_names(label.stack(), &source);
+                auto it = want.find({smp.tid, smp.time});
+                const auto theirs = it == want.end() ? std::vector<std::string>{} : it->second.get<std::vector<std::string>>();
+                same += mine == theirs;
+                named += !mine.empty();
+                deep += mine.size() >= 3;  // unwound on through a trampoline or more
+                anon += label.stack().find("(anon)") != std::string::npos;
+                if (!mine.empty()) CHECK(source.rfind("jit-", 0) == 0);
+            },
+            64, false, "stacks_py313_perfjit.data");
+        MESSAGE(sleeps << " sleep stacks, " << named << " with JIT frames, " << deep << " with 3 or more");
+        CHECK(problems.empty());
+        if (with_dump) {
+            CHECK(same == sleeps);  // every sleep's Python frames, all of them, in perf's order
+            CHECK(named == want.size());
+            CHECK(deep >= 50);
+            CHECK(anon == 0);
+        } else {
+            // No dump read: the frames stay unnamed and the unwind ends at
+            // the first trampoline (no CFI, no frame pointer), as before.
+            CHECK(named == 0);
+            CHECK(anon >= want.size());
+        }
+    }
+}
+
+TEST_CASE("-X perf_jit: a GIL wait's Python function is perf script's first JIT frame past take_gil after inject") {
+    const auto want = truth_of("stacks_py313_perfjit.gilfn.json");
+    REQUIRE(want.size() >= 30);
+    uint64_t gil = 0, same = 0, named = 0, other = 0;
+    classify_perfmap_sleeps(
+        std::string(GILSCAN_TESTDATA) + "/perf-maps",
+        [&](const Sample& smp, const SleepLabel& label, GilStackClassifier&, const ProcessMaps&) {
+            auto it = want.find({smp.tid, smp.time});
+            if (it == want.end()) {
+                other += label.gil || !label.function.empty();
+                return;
+            }
+            gil += label.gil;
+            same += label.gil && label.function == (it->second.is_null() ? "" : it->second.get<std::string>());
+            named += !label.function.empty();
+        },
+        0, true, "stacks_py313_perfjit.data");
+    MESSAGE(gil << " GIL waits, " << named << " with a function");
+    CHECK(gil == want.size());
+    CHECK(same == want.size());
+    CHECK(named + 5 >= want.size());
+    CHECK(other == 0);
+}
+

@@ -46,9 +46,31 @@ jit() {  # name python [python args...]
         -e sched:sched_wakeup -o "stacks_$name.data" -- "$py" "$@" workload.py 0.1 2>/dev/null
     local map
     map=$(ls -t /tmp/perf-*.map | head -1)  # the workload's: the newest
-    rm -rf perf-maps && mkdir perf-maps && cp "$map" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
+    mkdir -p perf-maps && rm -f perf-maps/perf-*.map && cp "$map" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
     python3 ../test/stack_truth.py --jit "stacks_$name.data" > "stacks_$name.jit.json"
     python3 ../test/stack_truth.py --gil-functions "stacks_$name.data" > "stacks_$name.gilfn.json"
+    echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
+}
+
+# A -X perf_jit recording (CPython 3.13+): the JIT writes /tmp/jit-PID.dump
+# (names and CFI of its trampolines), kept in perf-maps/. perf names and
+# unwinds through those frames only once `perf inject --jit` has made an ELF
+# file of each (jitted-PID-N.so beside the dump) and a new recording: the
+# truth is perf script's on that injected copy (gilscan reads the original
+# and the dump).
+jitdump() {  # name python [python args...]
+    local name=$1 py=$2; shift 2
+    [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
+    perf record -q -k CLOCK_MONOTONIC -e 'sched:sched_switch/call-graph=dwarf/' -e sched:sched_waking \
+        -e sched:sched_wakeup -o "stacks_$name.data" -- "$py" "$@" workload.py 0.1 2>/dev/null
+    local dump pid
+    dump=$(ls -t /tmp/jit-*.dump | head -1)  # the workload's: the newest
+    pid=$(basename "$dump" .dump); pid=${pid#jit-}
+    mkdir -p perf-maps && rm -f perf-maps/jit-*.dump && cp "$dump" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
+    perf inject --jit -i "stacks_$name.data" -o "/tmp/$name.injected.data"
+    python3 ../test/stack_truth.py --jit "/tmp/$name.injected.data" > "stacks_$name.jit.json"
+    python3 ../test/stack_truth.py --gil-functions "/tmp/$name.injected.data" > "stacks_$name.gilfn.json"
+    rm -f "/tmp/$name.injected.data" /tmp/jitted-"$pid"-*.so
     echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
 }
 
@@ -63,3 +85,4 @@ one pipe $P/3.11.7/bin/python3 pipe
 one zstd $P/3.11.7/bin/python3 zstd
 one debian /usr/bin/python3.11 file
 jit py312_perfmap $P/3.12.1/bin/python3 -X perf
+jitdump py313_perfjit $P/3.13.0/bin/python3 -X perf_jit

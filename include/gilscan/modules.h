@@ -63,7 +63,7 @@ struct ModuleOptions {
 
 // Whether a mapped path names a file a module can be loaded from: not
 // [vdso], [anon:...], //anon (JIT code: the -X perf trampolines), memfd,
-// SysV shm, a device.
+// SysV shm, a device, a jitdump's marker (jit-PID.dump).
 bool names_a_file(std::string_view path);
 
 // Thread-safe: the -j workers share one cache, so each binary is opened,

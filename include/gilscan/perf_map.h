@@ -16,6 +16,10 @@
 // has no CFI and keeps no frame pointer, so the innermost Python function
 // is the one a stack can name, as in `perf script`.
 //
+// A jitdump (jitdump.h) names a process's JIT code the same way where it
+// left no perf map: CPython 3.13+'s -X perf_jit writes /tmp/jit-PID.dump,
+// which perf reads only through `perf inject --jit`.
+//
 // Like perf (util/map.c, map__new), a map names only pcs in a process's
 // anonymous executable memory (is_jit_mapping()), never a file's pcs: a
 // stale map of an earlier process with the same pid can then misname only
@@ -35,11 +39,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gilscan/jit_cfi.h"
+#include "gilscan/jitdump.h"
+
 namespace gilscan {
 
 struct PerfMapSymbol {
     uint64_t start = 0, size = 0;
     std::string name;
+    uint32_t cfi_first = 0, cfi_count = 0;  // its rows in PerfMap's CFI (a jitdump's code with unwinding info)
 };
 
 class PerfMap {
@@ -48,6 +56,9 @@ public:
     // hex, an optional 0x accepted), the name the rest of the line (it may
     // hold spaces). Lines with no name or a zero size are skipped.
     static PerfMap parse(std::string_view text);
+    // A jitdump's codes (jitdump.h), named as a map of them would be; a
+    // later load at the same start wins, as a later line does.
+    static PerfMap from_jitdump(const JitDump& d);
 
     // The symbol covering pc: of those starting at or below pc, the one
     // starting last; among equal starts, the line written last (a JIT that
@@ -55,12 +66,22 @@ public:
     // nullptr when that symbol ends at or before pc.
     const PerfMapSymbol* find(uint64_t pc) const;
 
+    // The call-frame rule at pc from a jitdump's unwinding info
+    // (jit_cfi.h), or nullptr (none recorded for that code, or a perf map).
+    const CfiRule* cfi_at(uint64_t pc) const;
+
     size_t size() const { return symbols_.size(); }
     uint64_t skipped_lines() const { return skipped_; }
+    // The file's name, as a frame's text names it: "perf-PID.map" or
+    // "jit-PID.dump" (PerfMaps::of_pid; "" for one parsed from text).
+    const std::string& source() const { return source_; }
+    void set_source(std::string s) { source_ = std::move(s); }
 
 private:
     std::vector<PerfMapSymbol> symbols_;  // by start; equal starts in file order
     uint64_t skipped_ = 0;
+    std::string source_;
+    std::vector<JitCfiRow> cfi_;
 };
 
 // A mapping perf would name from a perf map: anonymous memory, which perf
@@ -71,7 +92,9 @@ class PerfMaps {
 public:
     // dir: where the maps are ("/tmp" as perf; "": none read, every map empty).
     explicit PerfMaps(std::string dir) : dir_(std::move(dir)) {}
-    // The map of a process, read on first use (an empty map when there is none).
+    // The map of a process, read on first use (an empty map when there is
+    // none): DIR/perf-PID.map, or where there is none DIR/jit-PID.dump
+    // (CPython 3.13+'s -X perf_jit writes that instead, jitdump.h).
     std::shared_ptr<const PerfMap> of_pid(int32_t pid);
     // One line per map that was wanted and unreadable or had skipped
     // lines, then per missing map, by pid: past kMissingShown of those, one

@@ -26,6 +26,7 @@
 
 #include "gilscan/frame_names.h"
 #include "gilscan/modules.h"
+#include "gilscan/perf_map.h"
 #include "gilscan/process_maps.h"
 #include "gilscan/sample.h"
 
@@ -78,6 +79,9 @@ public:
     uint64_t fast_frames() const { return fast_frames_; }
     // Of fast_frames: frames outside any module, stepped by the frame pointer.
     uint64_t fp_frames() const { return fp_frames_; }
+    // Of fast_frames: frames in JIT code stepped by the CFI its process's
+    // jitdump recorded (jit_cfi.h; CPython 3.13+'s -X perf_jit).
+    uint64_t jit_frames() const { return jit_frames_; }
     uint64_t libdw_frames() const { return libdw_frames_; }
 
     // Callback plumbing (libdw's C callbacks reach the current sample here).
@@ -88,8 +92,11 @@ private:
     Space* space_for(const AddressSpace& as);
     std::optional<UnwindStatus> unwind_fast(Space& sp, const std::function<FrameAction(const Frame&)>& cb,
                                             unsigned max_frames, unsigned& delivered, bool& restart);
+    const CfiRule* jit_rule(const AddressSpace& as, uint64_t pc);
     bool fast_ = true;
-    uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0, fp_frames_ = 0;
+    uint64_t fallbacks_ = 0, fast_frames_ = 0, libdw_frames_ = 0, fp_frames_ = 0, jit_frames_ = 0;
+    int32_t jit_pid_ = 0;
+    std::shared_ptr<const PerfMap> jit_map_;  // jit_pid_'s
     ModuleCache& modules_;
     std::unordered_map<uint64_t, std::unique_ptr<Space>> spaces_;
     FrameNamer names_;  // after spaces_: destroyed first, while the Dwfls its indexes point into exist
