@@ -20,6 +20,7 @@
 #include "gilscan/debuginfo_cache.h"
 #include "gilscan/byte_buffer.h"
 #include "gilscan/frame_names.h"
+#include "gilscan/jitdump.h"
 #include "gilscan/perf_map.h"
 #include "gilscan/perf_abi.h"
 #include "gilscan/trace_writer.h"
@@ -135,6 +136,10 @@ namespace {
 bool in_jit_code(const Frame& f) {
     return !f.module && f.mapping && f.mapping->exec && is_jit_mapping(f.mapping->path);
 }
+// A frame in one of the ELF files `perf inject --jit` wrote for a jitdump's
+// code loads (jitted-PID-N.so): the same JIT code, in a recording already
+// injected, named by its file's symbol.
+bool in_injected_jit(const Frame& f) { return f.module && f.module->elf && is_injected_jit_path(f.module->path); }
 }  // namespace
 
 // A frame in a process's JIT code named by its perf map: the process's own
@@ -178,6 +183,16 @@ const PerfMap& GilStackClassifier::jit_map(int32_t pid) {
 }
 
 void GilStackClassifier::name_gil_function(int32_t pid, const Frame& f, SleepLabel& label) {
+    if (f.module) {
+        // An injected jitted-*.so: its function symbol at the pc (the names
+        // live as long as the module cache, as the labels need).
+        for (const ElfSymbol& s : f.module->elf->symbols())
+            if (s.defined && s.type == STT_FUNC && f.vaddr - s.value < s.size) {
+                label.function = s.name;
+                return;
+            }
+        return;
+    }
     if (const PerfMapSymbol* sym = jit_map(pid).find(f.pc)) label.function = sym->name;
 }
 
@@ -338,7 +353,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         // An unmapped pc is where unwinding ran off the copied stack.
         if (f.depth < frames_kept && f.mapping) frames_.push_back(f);
         if (decided) {
-            if (seeking_function && in_jit_code(f)) {
+            if (seeking_function && (in_jit_code(f) || in_injected_jit(f))) {
                 seeking_function = false;
                 name_gil_function(as->pid, f, label);
             }

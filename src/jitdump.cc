@@ -130,15 +130,32 @@ JitDump parse_jitdump(Bytes bytes, const std::string& path) {
     return out;
 }
 
-bool is_jitdump_path(std::string_view path) {
-    // perf's jit_detect: the file's name is jit-<pid>.dump.
+namespace {
+// The file name of path is prefix, digits (and, with two, '-' and digits), suffix.
+bool named_like(std::string_view path, std::string_view prefix, std::string_view suffix, int numbers) {
     const size_t slash = path.rfind('/');
     std::string_view base = slash == std::string_view::npos ? path : path.substr(slash + 1);
-    if (base.substr(0, 4) != "jit-" || base.size() <= 9 || base.substr(base.size() - 5) != ".dump") return false;
-    base = base.substr(4, base.size() - 9);
-    for (char ch : base)
-        if (ch < '0' || ch > '9') return false;
-    return true;
+    if (base.size() <= prefix.size() + suffix.size() || base.substr(0, prefix.size()) != prefix ||
+        base.substr(base.size() - suffix.size()) != suffix)
+        return false;
+    base = base.substr(prefix.size(), base.size() - prefix.size() - suffix.size());
+    for (int i = 0; i < numbers; ++i) {
+        if (i > 0) {
+            if (base.empty() || base[0] != '-') return false;
+            base.remove_prefix(1);
+        }
+        size_t n = 0;
+        while (n < base.size() && base[n] >= '0' && base[n] <= '9') ++n;
+        if (n == 0) return false;
+        base.remove_prefix(n);
+    }
+    return base.empty();
 }
+}  // namespace
+
+// perf's jit_detect: the file's name is jit-<pid>.dump.
+bool is_jitdump_path(std::string_view path) { return named_like(path, "jit-", ".dump", 1); }
+
+bool is_injected_jit_path(std::string_view path) { return named_like(path, "jitted-", ".so", 2); }
 
 }  // namespace gilscan

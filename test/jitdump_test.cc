@@ -319,4 +319,9 @@ TEST_CASE("PerfMaps reads DIR/jit-PID.dump where there is no perf map; a perf ma
     CHECK_FALSE(is_jitdump_path("/tmp/jit-5x.dump"));
     CHECK_FALSE(is_jitdump_path("/tmp/perf-51.map"));
     CHECK_FALSE(is_jitdump_path("/tmp/jit-51.dump.so"));
+    CHECK(is_injected_jit_path("/tmp/jitted-51-270.so"));
+    CHECK_FALSE(is_injected_jit_path("/tmp/jitted-51.so"));
+    CHECK_FALSE(is_injected_jit_path("/tmp/jitted-51-.so"));
+    CHECK_FALSE(is_injected_jit_path("/tmp/jitted-51-2-3.so"));
+    CHECK_FALSE(is_injected_jit_path("/usr/lib/libjitted-1-2.so"));
 }

@@ -135,6 +135,41 @@ with tempfile.TemporaryDirectory() as tmp:
         if os.path.exists(os.path.join("/tmp", m)):
             os.remove(os.path.join("/tmp", m))
 
+    # Python 3.13 -X perf_jit: the trampolines' names and CFI in the jitdump
+    # it writes to /tmp. perf script reads them only from the copy `perf
+    # inject --jit` makes (one jitted-PID-N.so per trampoline, beside the
+    # dump): gilscan on the recording and the dump, and on the injected copy,
+    # must find perf script's function for each GIL wait and the same frames.
+    dumps_before = set(glob.glob("/tmp/jit-*.dump"))
+    r = subprocess.run([GILSCAN, "record", "--state", "--stacks", "--no-analyse", "-o", data, "--",
+                        "/root/.pyenv/versions/3.13.0/bin/python3", "-X", "perf_jit", WORKLOAD, "0.1"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"record --state --stacks -- python3.13 -X perf_jit ({r.stderr[-300:]})")
+    injected = os.path.join(tmp, "inj.data")
+    ri = subprocess.run(["perf", "inject", "--jit", "-i", data, "-o", injected], capture_output=True, text=True)
+    check(ri.returncode == 0, f"perf inject --jit ({ri.stderr[-300:]})")
+    want = collections.Counter(f for _, _, f in gil_functions(injected))
+    frames = {}
+    for name, path in (("the recording and its jitdump", data), ("the injected copy", injected)):
+        r = subprocess.run([GILSCAN, path, "-q", "--gil-functions", "--summary-json", summ_gf, "--sleep-stacks", "64",
+                            "-o", trace], capture_output=True, text=True)
+        got = collections.Counter()
+        for row in json.load(open(summ_gf))["gil_functions"] if r.returncode == 0 else []:
+            got[row["function"]] += row["sleep_count"]
+        check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
+              f"-X perf_jit, {name}: perf script's functions of the GIL waits ({dict(got)} against {dict(want)}; "
+              f"{r.stderr[-300:]})")
+        frames[name] = [[f.rsplit("+0x", 1)[0] for f in e["args"]["stack"] if f.startswith("py::")]
+                        for e in json.load(open(trace))["traceEvents"] if "stack" in e.get("args", {})] \
+            if r.returncode == 0 else []
+    deep = sum(len(f) >= 3 for f in frames["the injected copy"])
+    check(frames["the recording and its jitdump"] == frames["the injected copy"] and deep > 20,
+          f"-X perf_jit: the same Python frames from the jitdump as from inject's files ({deep} stacks 3 deep)")
+    for d in set(glob.glob("/tmp/jit-*.dump")) - dumps_before:  # the recorded python's dump and inject's files
+        pid = os.path.basename(d)[4:-5]
+        for f in [d] + glob.glob(f"/tmp/jitted-{pid}-*.so"):
+            os.remove(f)
+
     # gilscan record --gil-functions: Python 3.12 with perf support from the
     # environment (no -X perf on the command line), --state --stacks, no GIL
     # probes; the summary's functions and each S(GIL) span's args.function

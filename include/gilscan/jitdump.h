@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gilscan/cursor.h"
@@ -63,5 +64,8 @@ JitDump parse_jitdump(Bytes bytes, const std::string& path);
 // The marker perf looks for (util/jitdump.c, jit_detect): a mapping of a
 // file named jit-<pid>.dump. It is not code, and no module.
 bool is_jitdump_path(std::string_view path);
+// One of the ELF files `perf inject --jit` writes for a code load:
+// jitted-<pid>-<code index>.so (util/jitdump.c).
+bool is_injected_jit_path(std::string_view path);
 
 }  // namespace gilscan
