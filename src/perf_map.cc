@@ -4,6 +4,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+
+#include "gilscan/error.h"
+#include "gilscan/mapped_file.h"
 
 namespace gilscan {
 
@@ -140,12 +144,25 @@ std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
                 problems_.push_back(path + ": " + std::to_string(map->skipped_lines()) +
                                     (map->skipped_lines() == 1 ? " line is not \"START SIZE NAME\" and was skipped"
                                                                : " lines are not \"START SIZE NAME\" and were skipped"));
-        } else if (int dump_errno = 0; read_whole(dump_path, text, failed, dump_errno)) {
-            const JitDump d = parse_jitdump(Bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size()), dump_path);
+        } else if (std::FILE* probe = std::fopen(dump_path.c_str(), "rb")) {
+            std::fclose(probe);
+            // Mapped, not copied: a JIT that dumps its code too (a JVM's
+            // agent) writes hundreds of megabytes, most of them code bytes
+            // never read here.
+            JitDump d;
+            std::error_code ec;
+            if (std::filesystem::file_size(dump_path, ec) == 0 && !ec) {
+                d = parse_jitdump(Bytes(), dump_path);  // nothing to map: "0 bytes, shorter than a jitdump header"
+            } else {
+                try {
+                    const MappedFile f(dump_path);
+                    d = parse_jitdump(f.bytes(), dump_path);
+                } catch (const Error& e) {
+                    d.problem = e.what();  // a directory, not mappable
+                }
+            }
             *map = PerfMap::from_jitdump(d);
             map->set_source(dump_name);
-            if (failed)
-                problems_.push_back(dump_path + ": read error: the jitdump may be incomplete");
             if (!d.problem.empty())
                 problems_.push_back(d.problem + (d.codes.empty() ? "" : " (the " + std::to_string(d.codes.size()) +
                                                                             " code loads before it are used)"));

@@ -294,6 +294,7 @@ TEST_CASE("PerfMaps reads DIR/jit-PID.dump where there is no perf map; a perf ma
     std::ofstream(dir.path / "jit-51.dump", std::ios::binary)
         .write(reinterpret_cast<const char*>(w.out.data()), static_cast<std::streamsize>(w.out.size()));
     std::ofstream(dir.path / "jit-52.dump", std::ios::binary) << "garbage";
+    std::ofstream(dir.path / "jit-54.dump", std::ios::binary).flush();  // empty
     std::ofstream(dir.path / "jit-53.dump", std::ios::binary)
         .write(reinterpret_cast<const char*>(w.out.data()), static_cast<std::streamsize>(w.out.size()));
     std::ofstream(dir.path / "perf-53.map") << "7f0000001000 b from the map\n";
@@ -310,9 +311,11 @@ TEST_CASE("PerfMaps reads DIR/jit-PID.dump where there is no perf map; a perf ma
     CHECK(maps.of_pid(53)->source() == "perf-53.map");
     CHECK(maps.of_pid(53)->find(0x7f0000001005)->name == "from the map");
     CHECK(maps.of_pid(53)->cfi_at(0x7f0000001005) == nullptr);
+    CHECK(maps.of_pid(54)->size() == 0);
     const auto problems = maps.problems();
-    REQUIRE(problems.size() == 1);
+    REQUIRE(problems.size() == 2);
     CHECK(problems[0] == dir.path.string() + "/jit-52.dump: 7 bytes, shorter than a jitdump header");
+    CHECK(problems[1] == dir.path.string() + "/jit-54.dump: 0 bytes, shorter than a jitdump header");
     CHECK(is_jitdump_path("/tmp/jit-51.dump"));
     CHECK(is_jitdump_path("jit-1.dump"));
     CHECK_FALSE(is_jitdump_path("/tmp/jit-.dump"));
