@@ -42,7 +42,7 @@ int64_t sleb(Cursor& c) {
         shift += 7;
         if (shift > 70) throw Unsupported{};
     } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -(int64_t{1} << shift);
+    if (shift < 64 && (b & 0x40)) v |= static_cast<int64_t>(~uint64_t{0} << shift);
     return v;
 }
 
@@ -61,6 +61,12 @@ uint64_t encoded(Cursor& c, uint8_t enc) {
     case 0x0c: return c.read<uint64_t>();                                            // sdata8
     default: throw Unsupported{};
     }
+}
+
+// v * align, wrapping as the unwinder's unsigned address arithmetic does
+// (a damaged FDE's huge factored offset must not be signed overflow).
+int64_t scaled(uint64_t v, int64_t align) {
+    return static_cast<int64_t>(v * static_cast<uint64_t>(align));
 }
 
 int reg_of(uint64_t r) {
@@ -121,6 +127,7 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
     auto advance = [&](uint64_t delta) {
         const uint64_t to = loc + delta * cie.code_align;
         if (!rows) throw Unsupported{};  // a CIE that advances: not this subset
+        if (to < loc || (cie.code_align && delta > ~uint64_t{0} / cie.code_align)) throw Unsupported{};  // wraps
         if (to > loc) rows->push_back({loc, to, rule_of(s)});
         loc = to;
     };
@@ -130,11 +137,13 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
         if (high == DW_CFA_advance_loc) {
             advance(low);
         } else if (high == DW_CFA_offset) {
-            s.kind[reg_of(low)] = CfiRule::AtCfa;
-            s.offset[low] = static_cast<int64_t>(uleb(c)) * cie.data_align;
+            const int r = reg_of(low);
+            s.kind[r] = CfiRule::AtCfa;
+            s.offset[r] = scaled(uleb(c), cie.data_align);
         } else if (high == DW_CFA_restore) {
-            s.kind[reg_of(low)] = initial.kind[low];
-            s.offset[low] = initial.offset[low];
+            const int r = reg_of(low);  // checked before initial's registers are read
+            s.kind[r] = initial.kind[r];
+            s.offset[r] = initial.offset[r];
         } else {
             switch (op) {
             case DW_CFA_nop: break;
@@ -144,31 +153,31 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
             case DW_CFA_offset_extended: {
                 const int r = reg_of(uleb(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = static_cast<int64_t>(uleb(c)) * cie.data_align;
+                s.offset[r] = scaled(uleb(c), cie.data_align);
                 break;
             }
             case DW_CFA_offset_extended_sf: {
                 const int r = reg_of(uleb(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = sleb(c) * cie.data_align;
+                s.offset[r] = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
                 break;
             }
             case DW_CFA_GNU_negative_offset_extended: {
                 const int r = reg_of(uleb(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = -static_cast<int64_t>(uleb(c)) * cie.data_align;
+                s.offset[r] = scaled(0 - uleb(c), cie.data_align);
                 break;
             }
             case DW_CFA_val_offset: {
                 const int r = reg_of(uleb(c));
                 s.kind[r] = CfiRule::ValCfa;
-                s.offset[r] = static_cast<int64_t>(uleb(c)) * cie.data_align;
+                s.offset[r] = scaled(uleb(c), cie.data_align);
                 break;
             }
             case DW_CFA_val_offset_sf: {
                 const int r = reg_of(uleb(c));
                 s.kind[r] = CfiRule::ValCfa;
-                s.offset[r] = sleb(c) * cie.data_align;
+                s.offset[r] = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
                 break;
             }
             case DW_CFA_restore_extended: {
@@ -195,11 +204,11 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
                 break;
             case DW_CFA_def_cfa_sf:
                 s.cfa_reg = static_cast<uint8_t>(reg_of(uleb(c)));
-                s.cfa_offset = sleb(c) * cie.data_align;
+                s.cfa_offset = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
                 break;
             case DW_CFA_def_cfa_register: s.cfa_reg = static_cast<uint8_t>(reg_of(uleb(c))); break;
             case DW_CFA_def_cfa_offset: s.cfa_offset = static_cast<int64_t>(uleb(c)); break;
-            case DW_CFA_def_cfa_offset_sf: s.cfa_offset = sleb(c) * cie.data_align; break;
+            case DW_CFA_def_cfa_offset_sf: s.cfa_offset = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align); break;
             case DW_CFA_GNU_args_size: uleb(c); break;
             default: throw Unsupported{};  // expressions, register rules, set_loc, vendor ops
             }
