@@ -153,7 +153,8 @@ const std::string* GilStackClassifier::jit_frame_json(const Frame& f) {
     if (it != names.end()) return &it->second;
     const PerfMapSymbol* sym = jit_map_->find(f.pc);
     if (!sym) return nullptr;
-    return &names.emplace(f.pc, names_json({frame_text(sym->name, f.pc - sym->start, jit_map_->source())})).first->second;
+    const std::string text = names_json({frame_text(sym->name, f.pc - sym->start, jit_map_->source())});
+    return &names.emplace(f.pc, text).first->second;
 }
 
 // Whether the sleep's user frames run through JIT code its process's perf

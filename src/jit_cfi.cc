@@ -290,7 +290,8 @@ std::vector<JitCfiRow> jit_cfi_rows(const JitCode& code) {
 }
 
 const CfiRule* jit_cfi_at(std::span<const JitCfiRow> rows, uint64_t offset) {
-    auto it = std::upper_bound(rows.begin(), rows.end(), offset, [](uint64_t o, const JitCfiRow& r) { return o < r.from; });
+    auto it = std::upper_bound(rows.begin(), rows.end(), offset,
+                               [](uint64_t o, const JitCfiRow& r) { return o < r.from; });
     if (it == rows.begin()) return nullptr;
     --it;
     return offset < it->to ? &it->rule : nullptr;

@@ -185,7 +185,8 @@ std::vector<std::string> PerfMaps::problems() const {
     size_t shown = 0;
     for (const auto& [pid, line] : missing_) {
         if (shown++ == kMissingShown) {
-            out.push_back("and " + std::to_string(missing_.size() - kMissingShown) + " more processes with no perf map or jitdump in " +
+            out.push_back("and " + std::to_string(missing_.size() - kMissingShown) +
+                          " more processes with no perf map or jitdump in " +
                           dir_ + ": their frames in anonymous memory stay unnamed");
             break;
         }

@@ -335,7 +335,7 @@ std::map<std::pair<int32_t, uint64_t>, nlohmann::json> truth_of(const std::strin
 }
 }  // namespace
 
-TEST_CASE("-X perf_jit: sleep stacks name and unwind through the trampolines from the jitdump, as perf does after inject") {
+TEST_CASE("-X perf_jit: sleep stacks name and unwind through the trampolines from the jitdump, as perf after inject") {
     const auto want = truth_of("stacks_py313_perfjit.jit.json");
     REQUIRE(want.size() >= 50);
     for (const bool with_dump : {true, false}) {
@@ -349,7 +349,8 @@ TEST_CASE("-X perf_jit: sleep stacks name and unwind through the trampolines fro
                 std::string source;
                 const auto mine = jit_names(label.stack(), &source);
                 auto it = want.find({smp.tid, smp.time});
-                const auto theirs = it == want.end() ? std::vector<std::string>{} : it->second.get<std::vector<std::string>>();
+                const auto theirs =
+                    it == want.end() ? std::vector<std::string>{} : it->second.get<std::vector<std::string>>();
                 same += mine == theirs;
                 named += !mine.empty();
                 deep += mine.size() >= 3;  // unwound on through a trampoline or more
