@@ -90,6 +90,12 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
         }
         if (!cfa_relative(ops, n, rule.reg_kind[r], rule.reg_offset[r])) return rule;  // an expression
     }
+    make_simple(rule);
+    return rule;
+}
+
+void make_simple(CfiRule& rule) {
+    rule.same = rule.at_cfa = rule.val_cfa = 0;
     for (int r = 0; r < CfiRule::kRegs; ++r) {
         const uint32_t bit = 1u << r;
         if (rule.reg_kind[r] == CfiRule::Same) rule.same |= bit;
@@ -97,7 +103,6 @@ CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc) {
         else if (rule.reg_kind[r] == CfiRule::ValCfa) rule.val_cfa |= bit;
     }
     rule.kind = CfiRule::Simple;
-    return rule;
 }
 
 const CfiRule& CfiRuleCache::at(Dwfl* dwfl, uint64_t pc) {

@@ -101,12 +101,8 @@ CfiRule rule_of(const State& s) {
     for (int r = 0; r < CfiRule::kRegs; ++r) {
         rule.reg_kind[r] = s.kind[r];
         rule.reg_offset[r] = s.offset[r];
-        const uint32_t bit = 1u << r;
-        if (s.kind[r] == CfiRule::Same) rule.same |= bit;
-        else if (s.kind[r] == CfiRule::AtCfa) rule.at_cfa |= bit;
-        else if (s.kind[r] == CfiRule::ValCfa) rule.val_cfa |= bit;
     }
-    rule.kind = CfiRule::Simple;
+    make_simple(rule);
     return rule;
 }
 

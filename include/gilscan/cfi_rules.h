@@ -65,4 +65,8 @@ private:
 // The rule at pc from libdw, uncached (exposed for tests).
 CfiRule read_cfi_rule(Dwfl* dwfl, uint64_t pc);
 
+// A rule whose cfa_* and reg_kind/reg_offset are set made Simple: its
+// same/at_cfa/val_cfa masks from reg_kind (jit_cfi.h builds rules too).
+void make_simple(CfiRule& rule);
+
 }  // namespace gilscan
