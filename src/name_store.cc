@@ -45,19 +45,42 @@ uint64_t fnv1a(std::string_view s) {
     return h;
 }
 
-// "path size mtime.ns inode device": a file replaced or rewritten is another file.
-bool append_file_id(std::string& out, const char* path) {
+}  // namespace
+
+// "path size mtime.ns inode device": a file replaced or rewritten is another
+// file. The debuginfo cache's own entry for this build-id ("<id>.debug",
+// debuginfo_cache.h) is "path size - inode device": the cache marks an entry
+// used by its mtime (once a day), and its content is fixed by the build-id
+// (an entry is only ever replaced, by a rename: another inode). With the
+// mtime in it, the names of a module whose debug file was inflated there
+// were keyed anew, and named by libdw again, at each day's first run.
+bool NameStore::append_file_id(std::string& out, const char* path, std::string_view build_id) {
     struct stat st {};
     if (!path || !plain(path) || ::stat(path, &st) != 0) return false;
+    const std::string_view p(path);
+    const size_t slash = p.rfind('/');
+    const std::string_view base = slash == std::string_view::npos ? p : p.substr(slash + 1);
+    const bool cache_entry = !build_id.empty() && base.size() == build_id.size() + 6 &&
+                             base.substr(0, build_id.size()) == build_id && base.substr(build_id.size()) == ".debug";
     out += path;
-    for (const uint64_t v : {static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_mtim.tv_sec),
-                             static_cast<uint64_t>(st.st_mtim.tv_nsec), static_cast<uint64_t>(st.st_ino),
-                             static_cast<uint64_t>(st.st_dev)}) {
+    out += ' ';
+    out += std::to_string(st.st_size);
+    if (cache_entry) {
+        out += " -";
+    } else {
+        out += ' ';
+        out += std::to_string(st.st_mtim.tv_sec);
+        out += ' ';
+        out += std::to_string(st.st_mtim.tv_nsec);
+    }
+    for (const uint64_t v : {static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)}) {
         out += ' ';
         out += std::to_string(v);
     }
     return true;
 }
+
+namespace {
 
 bool parse_hex(std::string_view s, uint64_t& v) {
     const auto r = std::from_chars(s.data(), s.data() + s.size(), v, 16);
@@ -133,11 +156,12 @@ std::string NameStore::key_of(Dwfl_Module* m) {
     if (dw && dwarf_getalt(dw)) return "";  // names partly from a dwz file: not keyed here
     const char *mainfile = nullptr, *debugfile = nullptr;
     dwfl_module_info(m, nullptr, nullptr, nullptr, nullptr, nullptr, &mainfile, &debugfile);
-    std::string key = to_hex(Bytes(bits, static_cast<size_t>(n))) + "\t";
-    if (!append_file_id(key, mainfile)) return "";
+    const std::string id = to_hex(Bytes(bits, static_cast<size_t>(n)));
+    std::string key = id + "\t";
+    if (!append_file_id(key, mainfile, "")) return "";
     key += '\t';
     if (debugfile && std::string_view(debugfile) != mainfile) {
-        if (!append_file_id(key, debugfile)) return "";
+        if (!append_file_id(key, debugfile, id)) return "";
     } else {
         key += '-';
     }

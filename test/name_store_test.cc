@@ -299,3 +299,34 @@ TEST_CASE("name store: its files are entries of the cache, marked used when load
             CHECK(age_of(mine) >= ago - 60);
     }
 }
+
+TEST_CASE("name store: the debuginfo cache's entry keeps its key when the cache marks it used") {
+    // The cache marks an entry used by its mtime (debuginfo_cache.h): the
+    // entry of the module's own build-id is keyed without it; any other
+    // file, and that name under another build-id, with it.
+    test::TempDir dir("gilscan-names");
+    const std::string id = "93ac61ec5a8eb1396f9fbd350e3169a558528a40";
+    const fs::path entry = dir.path / (id + ".debug"), other = dir.path / "libc.so.6.debug";
+    write_text(entry, "inflated debug file");
+    write_text(other, "a debug file");
+    auto key = [](const fs::path& p, std::string_view build_id) {
+        std::string k;
+        REQUIRE(NameStore::append_file_id(k, p.c_str(), build_id));
+        return k;
+    };
+    const std::string entry_before = key(entry, id), other_before = key(other, id), foreign_before = key(entry, "ab");
+    CHECK(entry_before.find(" - ") != std::string::npos);
+    CHECK(other_before.find(" - ") == std::string::npos);
+    struct utimbuf t {1000000000, 1000000000};
+    REQUIRE(::utime(entry.c_str(), &t) == 0);
+    REQUIRE(::utime(other.c_str(), &t) == 0);
+    CHECK(key(entry, id) == entry_before);
+    CHECK(key(other, id) != other_before);
+    CHECK(key(entry, "ab") != foreign_before);
+    // Replaced (the cache writes a new entry and renames it over): another key.
+    write_text(dir.path / "new", "inflated debug file");
+    fs::rename(dir.path / "new", entry);
+    CHECK(key(entry, id) != entry_before);
+    std::string k;
+    CHECK_FALSE(NameStore::append_file_id(k, (dir.path / "missing.debug").c_str(), id));
+}

@@ -23,8 +23,9 @@
 //
 // When an entry is used: the same key, which names the files the answers
 // come from as libdwfl found them — the module's build-id, its main file
-// and its separate debug file (path, size, modification time, inode), and
-// whether it has DWARF. A file replaced, a debug package installed later
+// and its separate debug file (path, size, modification time, inode; the
+// debuginfo cache's own entry of the build-id without its modification
+// time, which the cache moves to mark it used), and whether it has DWARF. A file replaced, a debug package installed later
 // (the same build-id then gains inline names): another key, the entry is
 // not used and is written anew. Modules whose DWARF refers to a second
 // file (dwz's .gnu_debugaltlink), without a build-id, or with a tab or
@@ -89,6 +90,10 @@ public:
 
     // The key of module m (empty: not keepable). For the tests.
     static std::string key_of(Dwfl_Module* m);
+    // One file's part of a key (false: it cannot be stat'ed, or its path
+    // holds a tab or newline); build_id: the module's, hex, when path is its
+    // separate debug file. For the tests.
+    static bool append_file_id(std::string& out, const char* path, std::string_view build_id);
 
 private:
     std::string dir_;
