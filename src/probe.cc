@@ -11,6 +11,8 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include "gilscan/gil_arg.h"
+
 namespace gilscan {
 
 namespace fs = std::filesystem;
@@ -90,7 +92,7 @@ std::string ask_interpreter(const std::string& interp) {
 std::string UprobeSpec::line() const {
     char off[32];
     std::snprintf(off, sizeof off, "0x%llx", static_cast<unsigned long long>(offset));
-    return std::string(ret ? "r:" : "p:") + group + "/" + event + " " + path + ":" + off;
+    return std::string(ret ? "r:" : "p:") + group + "/" + event + " " + path + ":" + off + (args.empty() ? "" : " " + args);
 }
 
 std::string resolve_python_binary(const std::string& what) {
@@ -138,8 +140,22 @@ ProbePlan plan_probes(const std::string& binary, const std::string& group) {
             if (!off) throw Error(binary, Error::no_offset, std::string(base) + " address is not in a loaded segment");
             // perf's naming: take_gil, take_gil_1, ... and <name>__return
             std::string ev = i == 0 ? base : std::string(base) + "_" + std::to_string(i);
-            plan.probes.push_back({plan.group, ev, binary, *off, false});
-            plan.probes.push_back({plan.group, ev + "__return", binary, *off, true});
+            // Which GIL: the take_gil entry probe reads it (gil_arg.h); the
+            // return and drop_gil probes act on the thread's last take (a
+            // return probe's registers are the callee's). Only the uncloned
+            // function has the ABI's arguments.
+            std::string args;
+            if (std::string_view(base) == "take_gil" && fns[i].name == base && !fns[i].inlined) {
+                std::string why;
+                if (auto a = gil_arg_path(binary, base, fns[i].vaddr, &why)) {
+                    args = a->fetcharg();
+                    plan.loc.notes.push_back(std::string(base) + " reads which GIL: " + args);
+                } else {
+                    plan.loc.notes.push_back(std::string(base) + ": one GIL per process assumed (" + why + ")");
+                }
+            }
+            plan.probes.push_back({plan.group, ev, binary, *off, false, args});
+            plan.probes.push_back({plan.group, ev + "__return", binary, *off, true, {}});
         }
     };
     add(plan.loc.take, "take_gil");
@@ -212,11 +228,17 @@ std::vector<std::string> install_probes(const ProbePlan& plan, const std::string
         bool same = false;
         for (const auto& l : existing) {
             if (probe_key(l) != key) continue;
-            // The kernel prints offsets zero-padded: compare by parsed value.
-            size_t c = l.rfind(':');
-            unsigned long long off = c == std::string::npos ? 0 : std::strtoull(l.c_str() + c + 1, nullptr, 16);
-            std::string path = l.substr(l.find(' ') + 1, c - l.find(' ') - 1);
-            if (path == p.path && off == p.offset && (l[0] == 'r') == p.ret) same = true;
+            // "p:group/event PATH:0xOFF [ARGS]". The kernel prints offsets
+            // zero-padded: compare by parsed value; the fetch arguments as
+            // written (a probe without them reads no GIL address).
+            const std::string rest = l.substr(l.find(' ') + 1);
+            const size_t sp = rest.find(' ');
+            const std::string target = rest.substr(0, sp);
+            const std::string args = sp == std::string::npos ? "" : rest.substr(sp + 1);
+            const size_t c = target.rfind(':');
+            unsigned long long off = c == std::string::npos ? 0 : std::strtoull(target.c_str() + c + 1, nullptr, 16);
+            std::string path = target.substr(0, c);
+            if (path == p.path && off == p.offset && (l[0] == 'r') == p.ret && args == p.args) same = true;
             else append_line(file, "-:" + key);
         }
         if (same) continue;
@@ -300,9 +322,14 @@ int probe_main(int argc, char** argv) {
                     for (size_t i = 0; i < fns.size(); ++i) {
                         std::string base = symbol_base_name(fns[i].name) == "take_gil" ? "take_gil" : "drop_gil";
                         std::string ev = i == 0 ? base : base + "_" + std::to_string(i);
-                        std::printf("# or: perf probe -x %s -a '%s:%s=%s' -a '%s:%s=%s%%return'\n", bin.c_str(),
-                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str(), plan.group.c_str(),
-                                    ev.c_str(), fns[i].name.c_str());
+                        // The entry probe's fetch argument, as uprobe_events has it (perf probe
+                        // passes a raw one through).
+                        std::string args;
+                        for (const auto& p : plan.probes)
+                            if (!p.ret && p.event == ev && !p.args.empty()) args = " " + p.args;
+                        std::printf("# or: perf probe -x %s -a '%s:%s=%s%s' -a '%s:%s=%s%%return'\n", bin.c_str(),
+                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str(), args.c_str(),
+                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str());
                     }
             }
             continue;

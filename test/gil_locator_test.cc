@@ -9,6 +9,7 @@
 #include <regex>
 #include <unistd.h>
 
+#include "gilscan/gil_arg.h"
 #include "gilscan/gil_locator.h"
 #include "gilscan/probe.h"
 
@@ -152,4 +153,83 @@ TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
     CHECK(remove_probes(group, tracefs) == plan.probes.size());
     events = run("cat " + tracefs + "/uprobe_events");
     CHECK(events.find(group + "/") == std::string::npos);
+}
+
+TEST_CASE("take_gil's entry probe reads which GIL on 3.12+ (tstate->interp->ceval.gil, offsets from DWARF)") {
+    // The offsets as gdb prints them for these builds:
+    //   gdb -batch -ex 'print (long)&((PyThreadState*)0)->interp' \
+    //               -ex 'print (long)&((PyInterpreterState*)0)->ceval.gil' libpython3.1X.so.1.0
+    // 3.12.1: 16 and 384; 3.13.0: 16 and 16 (ceval moved to the interpreter's start).
+    const std::pair<const char*, const char*> want[] = {
+        {"/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0", "gil=+384(+16(%di)):x64"},
+        {"/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0", "gil=+16(+16(%di)):x64"},
+        // One GIL in _PyRuntime: nothing to read.
+        {"/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0", ""},
+        {"/root/.pyenv/versions/3.9.18/lib/libpython3.9.so.1.0", ""},
+        // Stripped, no debug file: one GIL per process assumed.
+        {"/usr/bin/python3.11", ""},
+    };
+    for (const auto& [lib, args] : want) {
+        CAPTURE(lib);
+        ProbePlan plan = plan_probes(lib, "gil_args_test");
+        size_t with_args = 0;
+        for (const UprobeSpec& p : plan.probes) {
+            CAPTURE(p.line());
+            const bool take_entry = !p.ret && p.event == "take_gil";
+            CHECK(p.args == (take_entry ? args : ""));
+            with_args += !p.args.empty();
+            if (!p.args.empty()) CHECK(p.line().size() > p.args.size() + 1);
+            if (!p.args.empty()) CHECK(p.line().substr(p.line().size() - p.args.size() - 1) == " " + p.args);
+        }
+        CHECK(with_args == (*args ? 1u : 0u));
+        // The plan says which it is.
+        bool said = false;
+        for (const auto& n : plan.loc.notes)
+            said |= n.find(*args ? "take_gil reads which GIL" : "one GIL per process assumed") != std::string::npos;
+        CHECK(said);
+    }
+    // Only the function at that address, and only a parameter that reaches a GIL pointer.
+    std::string why;
+    const std::string lib313 = "/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0";
+    ElfFile elf(lib313);
+    const ElfSymbol* take = elf.find_symbol("take_gil");
+    const ElfSymbol* drop = elf.find_symbol("drop_gil");
+    REQUIRE(take);
+    REQUIRE(drop);
+    auto a = gil_arg_path(lib313, "take_gil", take->value, &why);
+    REQUIRE(a);
+    CHECK(a->reg == "%di");
+    CHECK(a->derefs == std::vector<uint32_t>{16, 16});
+    CHECK_FALSE(gil_arg_path(lib313, "take_gil", take->value + 1, &why));
+    CHECK(why.find("no DWARF subprogram") != std::string::npos);
+    // drop_gil(PyInterpreterState *interp, ...): an interpreter's ceval.gil, one load.
+    a = gil_arg_path(lib313, "drop_gil", drop->value, &why);
+    REQUIRE(a);
+    CHECK(a->derefs == std::vector<uint32_t>{16});
+    // 3.12's drop_gil(struct _ceval_state *, ...) has no `ceval` member to follow.
+    const std::string lib312 = "/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0";
+    ElfFile elf312(lib312);
+    CHECK_FALSE(gil_arg_path(lib312, "drop_gil", elf312.find_symbol("drop_gil")->value, &why));
+    CHECK(why.find("does not reach a per-interpreter GIL pointer") != std::string::npos);
+    CHECK_FALSE(gil_arg_path("/usr/bin/python3.11", "take_gil", 0, &why));
+    CHECK(why.find("no DWARF") != std::string::npos);
+}
+
+TEST_CASE("uprobes with a fetch argument installed idempotently, and removed") {
+    const std::string tracefs = tracefs_dir(true);
+    const std::string group = "gil_argtest_" + std::to_string(::getpid());
+    ProbePlan plan = plan_probes("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0", group);
+    CHECK(install_probes(plan, tracefs).size() == plan.probes.size());
+    CHECK(install_probes(plan, tracefs).empty());  // the kernel's line, args and all, read back as the same
+    const std::string events = run("cat " + tracefs + "/uprobe_events");
+    CHECK(events.find(group + "/take_gil ") != std::string::npos);
+    CHECK(events.find(" gil=+16(+16(%di)):x64") != std::string::npos);
+    const std::string format = run("cat " + tracefs + "/events/" + group + "/take_gil/format");
+    CHECK(format.find("field:u64 gil;") != std::string::npos);
+    // The same probe without its argument is replaced, not kept.
+    ProbePlan bare = plan;
+    for (auto& p : bare.probes) p.args.clear();
+    CHECK(install_probes(bare, tracefs).size() == 1);
+    CHECK(run("cat " + tracefs + "/events/" + group + "/take_gil/format").find("field:u64 gil;") == std::string::npos);
+    CHECK(remove_probes(group, tracefs) == plan.probes.size());
 }

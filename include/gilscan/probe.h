@@ -22,7 +22,8 @@ struct UprobeSpec {
     std::string group, event, path;
     uint64_t offset = 0;
     bool ret = false;
-    std::string line() const;  // "p:group/event /path:0xOFF" or "r:..."
+    std::string args;  // fetch arguments of an entry probe: "gil=+16(+16(%di)):x64" (gil_arg.h), or empty
+    std::string line() const;  // "p:group/event /path:0xOFF [args]" or "r:..."
 };
 
 struct ProbePlan {
