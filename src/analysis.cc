@@ -125,7 +125,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // With workers, spans wait for their labels: the GIL tracker's events wait with them.
     std::optional<InOrderTraceSink> in_order;
     if (parallel && trace_sink) in_order.emplace(timeline, *trace_sink);
-    GilTracker gil(in_order ? &*in_order : trace_sink);
+    GilTracker gil(in_order ? &*in_order : trace_sink, session.swap());
     // Labels made off the timeline carry texts only when the timeline reads
     // them (SleepLabel::text), as its own do.
     if (ahead) ahead->set_text(timeline.spans_wanted());
@@ -223,7 +223,9 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
         summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
                                    "record them to see thread states");
     if (trace) {
-        for (const auto& p : summary.gil_processes) trace->name_thread(p.pid, gil_track_tid(p.pid), "GIL holder");
+        for (const auto& p : summary.gil_processes)
+            trace->name_thread(p.pid, gil_track_tid(p.pid, p.index),
+                               p.index ? "GIL holder (GIL " + std::to_string(p.index + 1) + ")" : "GIL holder");
         TraceMeta meta{opt.display_name.empty() ? opt.input : opt.display_name, summary.clock, summary.hostname,
                        summary.cmdline};
         trace->finish(threads, meta);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "gilscan/gil_arg.h"
 #include "gilscan/trace_writer.h"
 
 namespace gilscan {
@@ -16,11 +17,50 @@ __attribute__((noinline)) GilTracker::Thread& GilTracker::add_thread(int32_t pid
     return th;
 }
 
-__attribute__((noinline)) GilTracker::Process& GilTracker::add_process(int32_t pid) {
+__attribute__((noinline)) GilTracker::Process& GilTracker::add_process(int32_t pid, uint32_t index,
+                                                                      uint64_t address) {
     Process& p = procs_.emplace_back();
     p.st.pid = pid;
-    proc_index_.set(pid, &p);
+    p.st.index = index;
+    p.st.address = address;
+    if (index == 0) proc_index_.set(pid, &p);
     return p;
+}
+
+GilTracker::Process& GilTracker::gil_of(int32_t pid, uint64_t address) {
+    Process& first = process_of(pid);
+    if (address == 0 || first.st.address == address) return first;
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pid)) << 32) ^ address;
+    // Hashed, not a walk along the process's GILs: a damaged file can name
+    // any number of addresses.
+    auto [it, added] = by_address_.try_emplace(key);
+    if (!added)
+        for (Process* p : it->second)
+            if (p->st.pid == pid && p->st.address == address) return *p;
+    // The first GIL was made before any address was seen (a return probe,
+    // a drop): it is the first address's.
+    if (first.st.address == 0) {
+        first.st.address = address;
+        it->second.push_back(&first);
+        return first;
+    }
+    Process& p = add_process(pid, first.gils++, address);
+    it->second.push_back(&p);
+    return p;
+}
+
+uint64_t GilTracker::gil_address(const Sample& s, const EventInfo& ev) {
+    if (!ev.format) return 0;
+    const auto i = static_cast<size_t>(ev.index);
+    if (i >= gil_fields_.size()) gil_fields_.resize(i + 1);
+    GilField& g = gil_fields_[i];
+    if (!g.known || g.generation != ev.generation) {
+        g = {true, ev.generation, ev.format->field(kGilArgField)};
+        // A probe placed by hand may name a field `gil` of another kind: only an address-sized one.
+        if (g.field && (g.field->size != 8 || g.field->data_loc || g.field->rel_loc || g.field->is_array))
+            g.field = nullptr;
+    }
+    return g.field ? read_uint(s.raw, *g.field, swap_) : 0;
 }
 
 void GilTracker::account(Process& p, uint64_t t) {
@@ -35,13 +75,13 @@ void GilTracker::account(Process& p, uint64_t t) {
 
 void GilTracker::waiters_changed(Process& p, uint64_t t) {
     p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
-    if (trace_) trace_->gil_waiters(p.st.pid, t, p.waiters);
+    if (trace_) trace_->gil_waiters(p.st.pid, p.st.index, t, p.waiters);
 }
 
 void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
     if (p.holder > 0 && trace_ && t > p.holder_since)
-        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid), p.holder, p.holder_since, t);
+        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid, p.st.index), p.holder, p.holder_since, t);
     p.holder = tid;
     p.holder_since = t;
 }
@@ -61,13 +101,19 @@ void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     if (p.holder == th.st.tid) set_holder(p, -1, t);
 }
 
-__attribute__((noinline)) void GilTracker::on_probe(const Sample& s, TpKind k) {
+__attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const EventInfo& ev, TpKind k) {
     ++probe_events_;
     const uint64_t t = s.time;
     Thread& th = thread_of(s.pid, s.tid);
     th.st.first = std::min(th.st.first, t);
     th.st.last = std::max(th.st.last, t);
-    Process& p = process_of(th.st.tgid);
+    // Which GIL: a take_gil entry's `gil` field when the probe has one; every
+    // other probe acts on the GIL of the thread's last take (a thread swaps
+    // interpreters by dropping one GIL and taking the other).
+    const uint64_t address = k == TpKind::GilTake ? gil_address(s, ev) : 0;
+    if (!th.gil || th.gil->st.pid != th.st.tgid) th.gil = &process_of(th.st.tgid);
+    Process& was = *th.gil;  // what it waits for or holds now
+    Process& p = k == TpKind::GilTake && address ? gil_of(th.st.tgid, address) : was;
     p.st.first = std::min(p.st.first, t);
     p.st.last = std::max(p.st.last, t);
     switch (k) {
@@ -75,12 +121,14 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, TpKind k) {
         if (th.state == GilState::Waiting) {
             ++anomalies_.take_without_return;  // the return was lost: count the wait so far
             end_wait(th, t, false);
-            account(p, t);
-            --p.waiters;
+            account(was, t);
+            --was.waiters;
+            if (&was != &p) waiters_changed(was, t);
         } else if (th.state == GilState::Holding) {
             ++anomalies_.implicit_drops;  // holding, asks again: dropped unseen just before
-            end_hold(th, p, t, false);
+            end_hold(th, was, t, false);
         }
+        th.gil = &p;
         ++th.st.takes;
         th.state = GilState::Waiting;
         th.since = t;
@@ -129,7 +177,7 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, TpKind k) {
 
 void GilTracker::finish(uint64_t end) {
     for (auto& th : all_) {
-        Process& p = process_of(th.st.tgid);
+        Process& p = th.gil ? *th.gil : process_of(th.st.tgid);
         uint64_t e = std::max(end, th.since);
         if (th.state == GilState::Waiting) {
             end_wait(th, e, true);
@@ -165,7 +213,8 @@ std::vector<GilThreadStats> GilTracker::threads() const {
 std::vector<GilProcessStats> GilTracker::processes() const {
     std::vector<GilProcessStats> out;
     for (const auto& p : procs_) out.push_back(p.st);
-    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.pid < b.pid; });
+    std::sort(out.begin(), out.end(),
+              [](auto& a, auto& b) { return a.pid != b.pid ? a.pid < b.pid : a.index < b.index; });
     return out;
 }
 

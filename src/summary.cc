@@ -185,12 +185,19 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
     std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events");
     if (gil_wait) std::fprintf(out, ";\n GIL%% = holds the GIL, GIL-wait%% = in take_gil, no-GIL%% = the rest of the thread's span");
     std::fprintf(out, ")\n");
-    for (const auto& p : fs.gil_processes) {
+    for (size_t i = 0; i < fs.gil_processes.size(); ++i) {
+        const GilProcessStats& p = fs.gil_processes[i];
         const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        // Several GILs in one process: subinterpreters that own theirs (3.12+).
+        const bool several = p.index > 0 || (i + 1 < fs.gil_processes.size() && fs.gil_processes[i + 1].pid == p.pid);
+        char which[64] = "";
+        if (several)
+            std::snprintf(which, sizeof which, ", GIL %u at 0x%llx", p.index + 1,
+                          static_cast<unsigned long long>(p.address));
         std::fprintf(out,
-                     "GIL load of process %d: held %.1f%% of %.1f ms, contended %.1f%% (held while others wait), "
+                     "GIL load of process %d%s: held %.1f%% of %.1f ms, contended %.1f%% (held while others wait), "
                      "up to %u threads waiting\n",
-                     p.pid, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
+                     p.pid, which, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
     }
     if (fs.gil_sleep_known)
         std::fprintf(out, "S(GIL)%% = sleeping inside take_gil, from %s", fs.gil_sleep_source.c_str());
@@ -281,7 +288,11 @@ nlohmann::json summary_head(const FileSummary& fs) {
     json procs = json::array();
     for (const auto& p : fs.gil_processes) {
         const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        char address[24] = "";
+        std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(p.address));
         procs.push_back({{"pid", p.pid},
+                         {"gil_index", p.index},
+                         {"gil_address", p.address ? json(address) : json(nullptr)},
                          {"span_us", us(span)},
                          {"held_us", us(p.held_ns)},
                          {"contended_us", us(p.contended_ns)},

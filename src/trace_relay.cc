@@ -235,8 +235,9 @@ void TraceRelay::replay(const Block& block, size_t used) {
         }
         case Op::GilWaiters: {
             const auto pid = u.get<int32_t>();
+            const auto gil = u.get<uint32_t>();
             const auto ts = u.get<uint64_t>();
-            writer_.gil_waiters(pid, ts, u.get<uint32_t>());
+            writer_.gil_waiters(pid, gil, ts, u.get<uint32_t>());
             break;
         }
         case Op::NameThread: {
@@ -280,8 +281,8 @@ void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint
     if (filter_.wanted(pid)) append(Op::GilHolder, pid, track_tid, holder, start_ns, end_ns);
 }
 
-void TraceRelay::gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) {
-    if (filter_.wanted(pid)) append(Op::GilWaiters, pid, ts_ns, waiting);
+void TraceRelay::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
+    if (filter_.wanted(pid)) append(Op::GilWaiters, pid, gil, ts_ns, waiting);
 }
 
 }  // namespace gilscan

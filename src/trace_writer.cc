@@ -274,10 +274,18 @@ void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uin
     end(p);
 }
 
-void TraceWriter::gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) {
+void TraceWriter::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
     if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed);
-    p = put(p, R"({"ph":"C","name":"GIL waiters")");
+    // One counter per GIL: a process whose subinterpreters own their GILs
+    // (3.12+) has several; the first keeps the plain name.
+    if (gil == 0) {
+        p = put(p, R"({"ph":"C","name":"GIL waiters")");
+    } else {
+        p = put(p, R"({"ph":"C","name":"GIL waiters (GIL )");
+        p = put_int(p, static_cast<int64_t>(gil) + 1);
+        p = put(p, ")\"");
+    }
     p = put_pid(p, pid);
     p = put(p, ",\"ts\":");
     p = put_ts(p, ts_ns);
@@ -341,16 +349,16 @@ void InOrderTraceSink::gil_holder(int32_t pid, int32_t track_tid, int32_t holder
     tl_.defer({this, kHolder, 0, false, pid, track_tid, holder, 0, start_ns, end_ns});
 }
 
-void InOrderTraceSink::gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) {
-    if (!tl_.holding()) return next_.gil_waiters(pid, ts_ns, waiting);
-    tl_.defer({this, kWaiters, 0, false, pid, 0, 0, waiting, ts_ns, 0});
+void InOrderTraceSink::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
+    if (!tl_.holding()) return next_.gil_waiters(pid, gil, ts_ns, waiting);
+    tl_.defer({this, kWaiters, 0, false, pid, static_cast<int32_t>(gil), 0, waiting, ts_ns, 0});
 }
 
 void InOrderTraceSink::replay(const DeferredEvent& e) {
     switch (e.kind) {
     case kSpan: next_.gil_span(e.pid, e.tid, static_cast<GilSpan>(e.what), e.start, e.end, e.cut); break;
     case kHolder: next_.gil_holder(e.pid, e.tid, e.other, e.start, e.end); break;
-    case kWaiters: next_.gil_waiters(e.pid, e.start, e.count); break;
+    case kWaiters: next_.gil_waiters(e.pid, static_cast<uint32_t>(e.tid), e.start, e.count); break;
     }
 }
 

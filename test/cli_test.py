@@ -95,6 +95,15 @@ with tempfile.TemporaryDirectory() as tmp:
           "--gil-evidence stacks on a recording without stacks labels nothing")
     r = run(os.path.join(DATA, "gil_combined.data"), "--summary-json", summ, "-q")
     check(json.load(open(summ))["gil_sleep_source"] == "uprobes", "auto: uprobes when present")
+    # Subinterpreters that own their GIL (3.13): a line per GIL, no anomalies.
+    r = run(os.path.join(DATA, "gil_subinterp.data"))
+    loads = [l for l in r.stdout.splitlines() if l.startswith("GIL load of process")]
+    check(r.returncode == 0 and len(loads) == 3 and all(f", GIL {i + 1} at 0x" in l for i, l in enumerate(loads))
+          and "contended 0.0%" in loads[1] and "contended 0.0%" in loads[2] and "contended 0.0%" not in loads[0]
+          and "anomal" not in r.stdout + r.stderr, f"one summary line per GIL ({loads}, {r.stderr})")
+    r = run(os.path.join(DATA, "gil_combined.data"))
+    check([l for l in r.stdout.splitlines() if l.startswith("GIL load of process")][0].startswith(
+        "GIL load of process 7941: held"), "one GIL: no GIL number or address")
     r = run(os.path.join(DATA, "plain.data"), "--gil-evidence", "bogus")
     check(r.returncode == 2, "bad --gil-evidence is a usage error")
 

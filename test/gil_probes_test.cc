@@ -67,6 +67,94 @@ TEST_CASE("take_gil entered while holding ends the hold (drop_gil inlined at the
     CHECK(a.gil_thread(11)->wait_ns == 10 + 100);
 }
 
+TEST_CASE("subinterpreters with their own GIL: each gil= address is a GIL of the process, held side by side") {
+    // Main GIL A, a subinterpreter's B (3.12+, PEP 684). 11 and 13 run in the
+    // main interpreter; 12 in the subinterpreter, then swaps to the main one
+    // (it drops B, then takes A: its return and drop follow its last take).
+    const uint64_t A = 0x7f0000001000, B = 0x7f0000802000;
+    for (const bool swap : {false, true}) {
+        CAPTURE(swap);
+        for (const bool field : {true, false}) {
+            CAPTURE(field);
+            GilRecording g("python", "", field);
+            g.r.w.swap = swap;
+            g.ev(g.take, 100, 11, 10, A);
+            g.ev(g.take, 105, 12, 10, B);
+            g.ev(g.take_ret, 106, 12);  // B held from 106 ...
+            g.ev(g.take_ret, 110, 11);  // ... and A from 110: two holders, two GILs
+            g.ev(g.take, 120, 13, 10, A);
+            g.ev(g.drop, 200, 11);
+            g.ev(g.take_ret, 205, 13);
+            g.ev(g.drop, 250, 12);      // B
+            g.ev(g.take, 260, 12, 10, A);
+            g.ev(g.drop, 300, 13);
+            g.ev(g.take_ret, 301, 12);
+            g.ev(g.drop, 400, 12);      // A
+            Analysis a = analyse_bytes(g.r.w.build());
+            REQUIRE(a.gil_thread(12));
+            CHECK(a.gil_thread(12)->wait_ns == 1 + 41);
+            CHECK(a.gil_thread(12)->hold_ns == 144 + 99);
+            CHECK(a.gil_thread(13)->wait_ns == 85);
+            CHECK(a.gil_anomalies.implicit_drops == 0);
+            if (!field) {
+                // Without the addresses: one GIL, and the two holders are an anomaly.
+                REQUIRE(a.gils.size() == 1);
+                CHECK(a.gils[0].address == 0);
+                CHECK(a.gil_anomalies.overlapping_holders == 2);  // 110 and 205, while 12 holds
+                continue;
+            }
+            CHECK(a.gil_anomalies.total() == 0);
+            REQUIRE(a.gils.size() == 2);
+            const GilProcessStats &ga = a.gils[0], &gb = a.gils[1];
+            CHECK(ga.pid == 10);
+            CHECK(ga.index == 0);
+            CHECK(ga.address == A);
+            CHECK(ga.first == 100);
+            CHECK(ga.last == 400);
+            CHECK(ga.held_ns == 90 + 95 + 99);
+            CHECK(ga.contended_ns == 80 + 40);
+            CHECK(ga.waiting_ns == 10 + 85 + 41);
+            CHECK(ga.max_waiters == 1);
+            CHECK(gb.pid == 10);
+            CHECK(gb.index == 1);
+            CHECK(gb.address == B);
+            CHECK(gb.first == 105);
+            CHECK(gb.last == 250);
+            CHECK(gb.held_ns == 144);
+            CHECK(gb.contended_ns == 0);
+            CHECK(gb.waiting_ns == 1);
+        }
+    }
+}
+
+TEST_CASE("GIL addresses: the first GIL is the first address's; a take without one acts on the thread's GIL") {
+    const uint64_t A = 0x5000, B = 0x9000;
+    GilRecording g("python", "", true);
+    g.ev(g.take_ret, 50, 11);         // probes placed mid-run: a return with no take, no address yet
+    g.ev(g.drop, 60, 11);
+    g.ev(g.take, 100, 12, 10, A);     // the process's first GIL becomes A's
+    g.ev(g.take_ret, 101, 12);
+    g.ev(g.take, 110, 13, 10, B);
+    g.ev(g.take_ret, 111, 13);
+    g.ev(g.drop, 120, 13);
+    g.ev(g.take, 130, 13, 10, 0);     // no address (the probe's read failed): B, 13's last GIL
+    g.ev(g.take_ret, 131, 13);        // while 12 holds A: no overlap
+    g.ev(g.take, 140, 21, 20, 0);     // another process: its own first GIL
+    g.ev(g.take_ret, 141, 21, 20);
+    Analysis a = analyse_bytes(g.r.w.build());
+    CHECK(a.gil_anomalies.overlapping_holders == 0);
+    CHECK(a.gil_anomalies.return_without_take == 1);
+    REQUIRE(a.gils.size() == 3);
+    CHECK(a.gils[0].address == A);
+    CHECK(a.gils[0].first == 50);
+    CHECK(a.gils[0].held_ns == 10 + 40);   // 11's 50..60, 12's 101..141 (the end)
+    CHECK(a.gils[1].address == B);
+    CHECK(a.gils[1].held_ns == 9 + 10);    // 111..120, 131..141
+    CHECK(a.gils[2].pid == 20);
+    CHECK(a.gils[2].index == 0);
+    CHECK(a.gils[2].address == 0);
+}
+
 TEST_CASE("a sleep inside take_gil is S(GIL), inside drop_gil S(GIL handoff)") {
     GilRecording g;
     g.ev(g.take, 100, 11);

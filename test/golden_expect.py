@@ -18,6 +18,14 @@ Rules mirrored here (the spec, restated on perf's text):
   sleep at once (zero length; the kernel's ttwu / __schedule race);
 - a woken or preempted thread seen as the current task of a sample is
   running from then on (its switch-in was not recorded).
+GIL uprobes: per thread, wait = take_gil entry -> return, held = return ->
+next drop_gil entry. Per GIL ("gils"): a process's GILs are told apart by the
+take_gil entry's gil= address (subinterpreters with their own GIL, 3.12+);
+the return and drop act on the GIL of the thread's last take; without
+addresses a process has one GIL. Held = some thread holds it, contended =
+held while another waits, waiting = some thread waits; the span is its
+first to last probe event, and what is open at the end runs to the last
+timestamp.
 """
 import json
 import re
@@ -92,7 +100,74 @@ def main(path):
     gil = {}  # tid -> dict(state, since, wait, hold, first, last)
     gil_sleeps = {}  # tid -> sleeps that started inside take_gil
 
-    def gil_event(tid, name, t):
+    gils = {}  # (pid, address or None) -> counters, in order of first sight
+    pid_gils = {}  # pid -> its keys, first first
+    thread_gil = {}  # tid -> key of its last take
+
+    def gil_of(pid, address):
+        keys = pid_gils.setdefault(pid, [])
+        if address is None:
+            if not keys:
+                keys.append((pid, None))
+            return keys[0]
+        if (pid, address) in gils or (pid, address) in keys:
+            return (pid, address)
+        if keys and keys[0][1] is None:  # made before any address was seen: the first address's
+            old = keys[0]
+            keys[0] = (pid, address)
+            if old in gils:
+                gils[(pid, address)] = gils.pop(old)
+            for k, v in thread_gil.items():
+                if v == old:
+                    thread_gil[k] = (pid, address)
+            return keys[0]
+        keys.append((pid, address))
+        return keys[-1]
+
+    def gil_counters(key):
+        return gils.setdefault(key, {"holders": 0, "waiters": 0, "changed": 0, "held": 0, "contended": 0,
+                                     "waiting": 0, "max_waiters": 0, "first": None, "last": 0})
+
+    def account(c, t):
+        if t > c["changed"]:
+            dt = t - c["changed"]
+            if c["holders"] > 0:
+                c["held"] += dt
+                if c["waiters"] > 0:
+                    c["contended"] += dt
+            if c["waiters"] > 0:
+                c["waiting"] += dt
+        c["changed"] = max(c["changed"], t)
+
+    def gil_domain(pid, tid, base, ret, address, t, state):
+        if tid not in thread_gil:
+            thread_gil[tid] = gil_of(pid, None)
+        was = gil_counters(thread_gil[tid])
+        key = gil_of(pid, address) if base == "take_gil" and not ret and address is not None else thread_gil[tid]
+        c = gil_counters(key)
+        c["first"] = t if c["first"] is None else min(c["first"], t)
+        c["last"] = max(c["last"], t)
+        account(was, t)
+        account(c, t)
+        if base == "take_gil" and not ret:
+            if state == "wait":
+                was["waiters"] -= 1
+            elif state == "hold":
+                was["holders"] -= 1
+            thread_gil[tid] = key
+            c["waiters"] += 1
+            c["max_waiters"] = max(c["max_waiters"], c["waiters"])
+        elif base == "take_gil":
+            if state == "wait":
+                c["waiters"] -= 1
+            c["holders"] += 1
+        elif not ret:
+            if state == "hold":
+                c["holders"] -= 1
+            elif state == "wait":
+                c["waiters"] -= 1
+
+    def gil_event(pid, tid, name, t, rest):
         # GIL wait = take_gil entry -> return; held = take_gil return -> next drop_gil entry.
         base = name.split(":")[-1]
         ret = base.endswith("__return")
@@ -102,6 +177,9 @@ def main(path):
             return
         g = gil.setdefault(tid, {"state": None, "since": 0, "wait": 0, "hold": 0, "first": t, "last": t})
         g["last"] = t
+        a = re.search(r"\bgil=0x([0-9a-f]+)", rest)
+        address = int(a.group(1), 16) if a and int(a.group(1), 16) else None
+        gil_domain(pid, tid, base, ret, address, t, g["state"])
         if base == "take_gil" and not ret:
             if g["state"] == "wait":
                 g["wait"] += t - g["since"]
@@ -128,7 +206,8 @@ def main(path):
             continue
         ev = m.group("event")
         if "gil" in ev:
-            gil_event(int(m.group("tid")), ev, int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")))
+            gil_event(int(m.group("pid")), int(m.group("tid")), ev,
+                      int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")), m.group("rest"))
         counts[ev] = counts.get(ev, 0) + 1
         t = int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))
         last = max(last, t)
@@ -186,11 +265,20 @@ def main(path):
     for tid, g in gil.items():
         if g["state"] in ("wait", "hold"):
             g[g["state"]] += last - g["since"]  # open at the end: cut at the last timestamp
+    for c in gils.values():
+        account(c, max(last, c["changed"]))
     out = {"source": "perf script", "event_counts": counts, "threads": threads}
     if gil:
         out["gil"] = {str(tid): {"wait_ns": g["wait"], "hold_ns": g["hold"], "span_ns": g["last"] - g["first"],
                                  "gil_sleep_count": gil_sleeps.get(tid, 0)}
                       for tid, g in sorted(gil.items())}
+        out["gils"] = [{"pid": pid, "address": None if address is None else "0x%x" % address,
+                        "held_ns": gils[(pid, address)]["held"], "contended_ns": gils[(pid, address)]["contended"],
+                        "waiting_ns": gils[(pid, address)]["waiting"],
+                        "max_waiters": gils[(pid, address)]["max_waiters"],
+                        "span_ns": gils[(pid, address)]["last"] - gils[(pid, address)]["first"]}
+                       for pid, keys in sorted(pid_gils.items()) for (_, address) in keys
+                       if (pid, address) in gils]
     out.update(lost_stats(path))
     if "--no-threads" in sys.argv:
         del out["threads"]  # states around lost events are gilscan's to mark unknown

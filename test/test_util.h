@@ -64,7 +64,9 @@ inline int add_group_read_event(PerfWriter& w) {
     return w.add_event(attr, "cycles");
 }
 
-inline std::string probe_format(const std::string& name, uint32_t id, bool ret) {
+// gil_field: the entry probe reads the GIL's address as `gilscan probe` places
+// it on 3.12+ ("gil=+16(+16(%di)):x64"), with the kernel's format for it.
+inline std::string probe_format(const std::string& name, uint32_t id, bool ret, bool gil_field = false) {
     std::string f = "name: " + name + "\nID: " + std::to_string(id) + "\nformat:\n"
                     "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
                     "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
@@ -74,6 +76,10 @@ inline std::string probe_format(const std::string& name, uint32_t id, bool ret) 
         f += "\tfield:unsigned long __probe_func;\toffset:8;\tsize:8;\tsigned:0;\n"
              "\tfield:unsigned long __probe_ret_ip;\toffset:16;\tsize:8;\tsigned:0;\n\n"
              "print fmt: \"(%lx <- %lx)\", REC->__probe_func, REC->__probe_ret_ip\n";
+    else if (gil_field)
+        f += "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+             "\tfield:u64 gil;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+             "print fmt: \"(%lx) gil=0x%Lx\", REC->__probe_ip, REC->gil\n";
     else
         f += "\tfield:unsigned long __probe_ip;\toffset:8;\tsize:8;\tsigned:0;\n\n"
              "print fmt: \"(%lx)\", REC->__probe_ip\n";
@@ -84,18 +90,25 @@ inline std::string probe_format(const std::string& name, uint32_t id, bool ret) 
 struct GilRecording {
     SchedRecording r;
     int take, take_ret, drop, drop_ret;
-    explicit GilRecording(const std::string& group = "python", const std::string& suffix = "") {
-        take = r.w.add_tracepoint(group, probe_format("take_gil" + suffix, 2001, false), kTpSampleType);
+    bool gil_field = false;
+    explicit GilRecording(const std::string& group = "python", const std::string& suffix = "",
+                          bool with_gil_field = false)
+        : gil_field(with_gil_field) {
+        take = r.w.add_tracepoint(group, probe_format("take_gil" + suffix, 2001, false, gil_field), kTpSampleType);
         take_ret = r.w.add_tracepoint(group, probe_format("take_gil" + suffix + "__return", 2002, true), kTpSampleType);
         drop = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix, 2003, false), kTpSampleType);
         drop_ret = r.w.add_tracepoint(group, probe_format("drop_gil" + suffix + "__return", 2004, true), kTpSampleType);
     }
-    void ev(int which, uint64_t t, int32_t tid, int32_t pid = 10) {
+    // gil: the take_gil entry's address of the GIL (with gil_field).
+    void ev(int which, uint64_t t, int32_t tid, int32_t pid = 10, uint64_t gil = 0) {
         TestSample s;
         s.pid = pid;
         s.tid = tid;
         s.time = t;
-        s.raw = r.w.raw(which, {});
+        if (which == take && gil_field)
+            s.raw = r.w.raw(which, {{"gil", static_cast<int64_t>(gil)}});
+        else
+            s.raw = r.w.raw(which, {});
         r.w.sample(which, s);
     }
 };
@@ -133,6 +146,7 @@ struct Analysis {
     Collect spans;
     std::vector<ThreadStats> threads;
     std::vector<GilThreadStats> gil;
+    std::vector<GilProcessStats> gils;  // per GIL, by pid and index
     GilAnomalies gil_anomalies;
     DecodeStats stats;
     const GilThreadStats* gil_thread(int32_t tid) const {
@@ -154,7 +168,7 @@ inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::opt
     Session s(path);
     if (chunk_size) s.set_chunk_size(chunk_size);
     if (threaded) s.set_threaded(*threaded);
-    GilTracker gil(nullptr);
+    GilTracker gil(nullptr, s.swap());
     Timeline tl(s, a.spans);
     tl.set_classifier(gil_probe_classifier(gil));
     FanOutOf<GilTracker, Timeline> stages(gil, tl);
@@ -163,6 +177,7 @@ inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::opt
     tl.finish(s.stats().last_time);
     for (const ThreadStats* t : tl.threads()) a.threads.push_back(*t);
     a.gil = gil.threads();
+    a.gils = gil.processes();
     a.gil_anomalies = gil.anomalies();
     a.stats = s.stats();
     return a;

@@ -86,7 +86,7 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
                           rnd() % 4 == 0);
             break;
         case 3: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;
-        case 4: sink.gil_waiters(pid, ts, static_cast<uint32_t>(rnd() % 9)); break;
+        case 4: sink.gil_waiters(pid, static_cast<uint32_t>(ts % 3), ts, static_cast<uint32_t>(rnd() % 9)); break;
         default: {
             // Names of every length from 0 to 40 (the relay copies short strings its own way).
             static const std::string alphabet = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
@@ -299,8 +299,8 @@ TEST_CASE("TraceRelay: the writer and the relay take whole cache lines, and the 
     CHECK(reinterpret_cast<uintptr_t>(writer.get()) % 128 == 0);
     CHECK(reinterpret_cast<uintptr_t>(relay.get()) % 128 == 0);
     // Filtering goes by the relay's copy: an event of another pid is not handed over.
-    relay->gil_waiters(8, 1000, 1);
-    relay->gil_waiters(7, 2000, 2);
+    relay->gil_waiters(8, 0, 1000, 1);
+    relay->gil_waiters(7, 0, 2000, 2);
     relay->close();
     CHECK(writer->events_written() == 1);
     writer->finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});

@@ -211,7 +211,7 @@ TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting
                 return std::string(b);
             };
             if (i % 3 == 0) {
-                tw.gil_waiters(pid, ts, 1);
+                tw.gil_waiters(pid, 0, ts, 1);
                 std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":1}}",
                               pid, us(ts).c_str());
             } else if (i % 3 == 1) {
@@ -287,9 +287,11 @@ TEST_CASE("TraceWriter: the GIL tracker's typed events, line by line against pri
                 }
                 default: {
                     const uint32_t waiting = rnd() % 3 == 0 ? ~0u - static_cast<uint32_t>(rnd() % 3) : static_cast<uint32_t>(rnd() % 40);
-                    tw.gil_waiters(pid, ts, waiting);
-                    std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":%u}}",
-                                  pid, us(ts).c_str(), waiting);
+                    const uint32_t gil = rnd() % 4 == 0 ? static_cast<uint32_t>(rnd() % 12) : 0;
+                    tw.gil_waiters(pid, gil, ts, waiting);
+                    const std::string name = gil ? "GIL waiters (GIL " + std::to_string(gil + 1) + ")" : "GIL waiters";
+                    std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"%s\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":%u}}",
+                                  name.c_str(), pid, us(ts).c_str(), waiting);
                     break;
                 }
                 }

@@ -20,6 +20,9 @@ rec -a -o system_wide.data "${SCHED[@]}" -- "$PY" workload.py 0.1
 # GIL uprobes and DWARF stacks together (probes placed by gilscan record):
 # golden_test's -j check with sleeps labelled from stacks beside the GIL spans.
 ../build/gilscan record -q --stacks --no-analyse -o gil_stacks.data -- "$PY" workload.py 0.02
+# Subinterpreters that own their GIL (3.13): the take_gil probe's gil= argument
+# tells the process's three GILs apart (golden_test, cli_test).
+../build/gilscan record -q --no-analyse -o gil_subinterp.data -- /root/.pyenv/versions/3.13.0/bin/python3 subinterp.py
 # A copy cut in the middle of a record, 60% of the way into the data.
 size=$(stat -c %s plain.data)
 head -c $((size * 6 / 10 + 3)) plain.data > truncated.data

@@ -75,11 +75,12 @@ public:
     // copied into the relay and checked for escaping, event by event):
     //   gil_span:    "ph":"X", cat "GIL state", "GIL wait" or "LOCK", args {"cut_at_end":true} when cut
     //   gil_holder:  "ph":"X" on the track (pid, track_tid), cat "GIL holder", "GIL held by H", args {"holder":H}
-    //   gil_waiters: "ph":"C", "GIL waiters", args {"waiting":N}
+    //   gil_waiters: "ph":"C", "GIL waiters" (the process's GIL `gil` > 0: "GIL waiters (GIL gil+1)"),
+    //                args {"waiting":N}
     enum class GilSpan : uint8_t { Wait, Lock };
     virtual void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) = 0;
     virtual void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) = 0;
-    virtual void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) = 0;
+    virtual void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) = 0;
 };
 
 // The GIL tracker's events in order with the timeline's spans. At -j 3 and
@@ -99,7 +100,7 @@ public:
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override { next_.name_thread(pid, tid, name); }
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
-    void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) override;
+    void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) override;
 
 private:
     enum Kind : uint8_t { kSpan, kHolder, kWaiters };
@@ -117,7 +118,7 @@ public:
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
-    void gil_waiters(int32_t pid, uint64_t ts_ns, uint32_t waiting) override;
+    void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) override;
     void finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta);
     uint64_t events_written() const { return events_; }
 
