@@ -129,6 +129,7 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const Event
             end_hold(th, was, t, false);
         }
         th.gil = &p;
+        th.st.gil_mask |= uint64_t{1} << std::min<uint32_t>(p.st.index, 63);
         ++th.st.takes;
         th.state = GilState::Waiting;
         th.since = t;
@@ -147,6 +148,7 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const Event
         }
         account(p, t);
         if (p.holders > 0 && p.holder != th.st.tid) ++anomalies_.overlapping_holders;
+        th.st.gil_mask |= uint64_t{1} << std::min<uint32_t>(p.st.index, 63);
         ++p.holders;
         set_holder(p, th.st.tid, t);
         th.state = GilState::Holding;

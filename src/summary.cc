@@ -82,6 +82,7 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
                 ts.gil_wait_ns = wait;
                 ts.gil_hold_ns = hold;
                 ts.no_gil_ns = ts.span_ns > wait + hold ? ts.span_ns - wait - hold : 0;
+                ts.gil_mask = g ? g->gil_mask : 0;
             }
         }
         fs.threads.push_back(std::move(ts));
@@ -125,6 +126,15 @@ std::string comm_column(const std::string& comm) {
         end += utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + end, s.size() - end).len;
     return s.substr(0, end) + std::string(16 - chars, ' ');
 }
+// GIL numbers (1-based, as the "GIL load" lines have them) of a thread's
+// GilThreadStats::gil_mask: "1,3"; "-" for none; bit 63 stands for 64 and up.
+std::string gil_numbers(uint64_t mask) {
+    std::string s;
+    for (unsigned k = 0; k < 64; ++k)
+        if (mask >> k & 1) s += (s.empty() ? "" : ",") + std::to_string(k + 1) + (k == 63 ? "+" : "");
+    return s.empty() ? "-" : s;
+}
+
 // --gil-functions: where each process's S(GIL) sleep time went, by the
 // Python function whose stack waited.
 void print_gil_functions(std::FILE* out, const FileSummary& fs) {
@@ -156,6 +166,10 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
                  "runnable%", "sleep%", "sleeps", "D%", "?%");
     if (fs.gil_sleep_known) std::fprintf(out, " %11s", "S(GIL)%");
     if (gil_wait) std::fprintf(out, " %8s %8s %9s %9s %9s", "no-GIL%", "GIL%", "GIL-wait%", "GIL(ms)", "wait(ms)");
+    // Which GILs each thread took, where a process has several (subinterpreters with their own).
+    const bool several_gils =
+        std::any_of(fs.gil_processes.begin(), fs.gil_processes.end(), [](auto& p) { return p.index > 0; });
+    if (several_gils) std::fprintf(out, "  %s", "GILs");
     std::fprintf(out, "\n");
     size_t hidden = 0;
     for (const auto& t : fs.threads) {
@@ -179,11 +193,13 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
             else
                 std::fprintf(out, " %8s %8s %9s %9s %9s", "-", "-", "-", "-", "-");
         }
+        if (several_gils) std::fprintf(out, "  %s", gil_numbers(t.gil_mask).c_str());
         std::fprintf(out, "\n");
     }
     if (hidden) std::fprintf(out, "(%zu threads of processes without GIL events not shown: --all-threads)\n", hidden);
     std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events");
     if (gil_wait) std::fprintf(out, ";\n GIL%% = holds the GIL, GIL-wait%% = in take_gil, no-GIL%% = the rest of the thread's span");
+    if (several_gils) std::fprintf(out, ";\n GILs = the process's GILs the thread took (subinterpreters with their own: GIL load lines below)");
     std::fprintf(out, ")\n");
     for (size_t i = 0; i < fs.gil_processes.size(); ++i) {
         const GilProcessStats& p = fs.gil_processes[i];
@@ -250,6 +266,11 @@ nlohmann::json thread_json(const ThreadSummary& t) {
     r["gil_wait_us"] = opt_us(t.gil_wait_ns);
     r["gil_hold_us"] = opt_us(t.gil_hold_ns);
     r["no_gil_us"] = opt_us(t.no_gil_ns);
+    // The process's GILs (gil.processes' gil_index) the thread took; null without the uprobes.
+    json gils = json::array();
+    for (unsigned k = 0; k < 64; ++k)
+        if (t.gil_mask >> k & 1) gils.push_back(k);
+    r["gil_indices"] = t.gil_wait_ns ? gils : json(nullptr);
     return r;
 }
 

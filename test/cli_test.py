@@ -101,9 +101,17 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and len(loads) == 3 and all(f", GIL {i + 1} at 0x" in l for i, l in enumerate(loads))
           and "contended 0.0%" in loads[1] and "contended 0.0%" in loads[2] and "contended 0.0%" not in loads[0]
           and "anomal" not in r.stdout + r.stderr, f"one summary line per GIL ({loads}, {r.stderr})")
-    r = run(os.path.join(DATA, "gil_combined.data"))
+    rows = [l.split() for l in r.stdout.splitlines() if l.strip()[:1].isdigit()]
+    check("  GILs" in r.stdout and sorted(row[-1] for row in rows) == ["1", "1", "1", "1,2", "1,3"],
+          f"a GILs column: the sub threads took the main GIL and their own ({[row[-1] for row in rows]})")
+    r = run(os.path.join(DATA, "gil_subinterp.data"), "--summary-json", summ, "-q")
+    check(sorted(tuple(t["gil_indices"]) for t in json.load(open(summ))["threads"])
+          == [(0,), (0,), (0,), (0, 1), (0, 2)], "gil_indices per thread in the JSON")
+    r = run(os.path.join(DATA, "gil_combined.data"), "--summary-json", summ)
     check([l for l in r.stdout.splitlines() if l.startswith("GIL load of process")][0].startswith(
         "GIL load of process 7941: held"), "one GIL: no GIL number or address")
+    check("GILs" not in r.stdout and all(t["gil_indices"] in ([0], None) for t in json.load(open(summ))["threads"]),
+          "one GIL: no GILs column; gil_indices [0]")
     r = run(os.path.join(DATA, "plain.data"), "--gil-evidence", "bogus")
     check(r.returncode == 2, "bad --gil-evidence is a usage error")
 

@@ -103,6 +103,7 @@ def main(path):
     gils = {}  # (pid, address or None) -> counters, in order of first sight
     pid_gils = {}  # pid -> its keys, first first
     thread_gil = {}  # tid -> key of its last take
+    thread_gils = {}  # tid -> indices (in its process's order) of the GILs it took or held
 
     def gil_of(pid, address):
         keys = pid_gils.setdefault(pid, [])
@@ -149,6 +150,8 @@ def main(path):
         c["last"] = max(c["last"], t)
         account(was, t)
         account(c, t)
+        if base == "take_gil":
+            thread_gils.setdefault(tid, set()).add(pid_gils[pid].index(key))
         if base == "take_gil" and not ret:
             if state == "wait":
                 was["waiters"] -= 1
@@ -270,7 +273,8 @@ def main(path):
     out = {"source": "perf script", "event_counts": counts, "threads": threads}
     if gil:
         out["gil"] = {str(tid): {"wait_ns": g["wait"], "hold_ns": g["hold"], "span_ns": g["last"] - g["first"],
-                                 "gil_sleep_count": gil_sleeps.get(tid, 0)}
+                                 "gil_sleep_count": gil_sleeps.get(tid, 0),
+                                 "gils": sorted(thread_gils.get(tid, ()))}
                       for tid, g in sorted(gil.items())}
         out["gils"] = [{"pid": pid, "address": None if address is None else "0x%x" % address,
                         "held_ns": gils[(pid, address)]["held"], "contended_ns": gils[(pid, address)]["contended"],

@@ -104,6 +104,9 @@ void check_golden_gil(const std::string& name, bool with_sleeps) {
         CHECK(std::abs(static_cast<double>(g->wait_ns) - e["wait_ns"].get<double>()) <= tol);
         CHECK(std::abs(static_cast<double>(g->hold_ns) - e["hold_ns"].get<double>()) <= tol);
         contending += e["wait_ns"].get<uint64_t>() > 0 && e["hold_ns"].get<uint64_t>() > 0;
+        uint64_t mask = 0;  // the GILs it took, by index
+        for (const auto& k : e["gils"]) mask |= uint64_t{1} << k.get<unsigned>();
+        CHECK(g->gil_mask == mask);
         if (with_sleeps) {
             const ThreadStats* t = a.thread(std::stoi(tid));
             REQUIRE(t);

@@ -42,6 +42,9 @@ struct GilThreadStats {
     uint64_t wait_ns = 0, hold_ns = 0;
     uint64_t takes = 0, drops = 0;
     uint64_t first = ~uint64_t{0}, last = 0;
+    // Bit k: the thread took (or held) its process's GIL k (GilProcessStats::
+    // index; k >= 63 share bit 63). One bit unless subinterpreters own GILs.
+    uint64_t gil_mask = 0;
 };
 
 // One GIL of a process: the process's only one, or one of several

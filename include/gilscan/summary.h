@@ -33,6 +33,7 @@ struct ThreadSummary {
     bool main_thread = false;
     std::optional<uint64_t> gil_sleep_ns, gil_wait_ns, gil_hold_ns, no_gil_ns;
     std::optional<uint64_t> gil_sleep_count;
+    uint64_t gil_mask = 0;  // with the uprobes: which of its process's GILs it took (GilThreadStats::gil_mask)
 };
 
 struct FileSummary {
