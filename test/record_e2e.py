@@ -56,6 +56,20 @@ with tempfile.TemporaryDirectory() as tmp:
     subinterp = os.path.join(os.path.dirname(os.path.abspath(WORKLOAD)), "subinterp.py")
     for v in ("3.12.1", "3.13.0"):
         py = f"/root/.pyenv/versions/{v}/bin/python3"
+        # The fetch argument against perf's own reading of the same DWARF:
+        # perf probe turns the C expression into a uprobe_events argument.
+        lib = glob.glob(f"/root/.pyenv/versions/{v}/lib/libpython3.*.so.1.0")[0]
+        r = subprocess.run([GILSCAN, "probe", "--print", lib], capture_output=True, text=True)
+        ours = [l.split(" gil=", 1)[1].split("'", 1)[0] for l in r.stdout.splitlines()
+                if l.startswith("echo 'p:") and "/take_gil " in l and " gil=" in l]
+        group = "gilscan_e2e_" + v.replace(".", "_")
+        p = subprocess.run(["perf", "probe", "-q", "-f", "-x", lib, "-a",
+                            f"{group}:take_gil=take_gil gil=tstate->interp->ceval.gil:x64"], capture_output=True, text=True)
+        theirs = [l.split(" gil=", 1)[1] for l in open("/sys/kernel/tracing/uprobe_events").read().splitlines()
+                  if l.startswith(f"p:{group}/") and " gil=" in l]
+        subprocess.run(["perf", "probe", "-q", "-d", f"{group}:*"], capture_output=True)
+        check(p.returncode == 0 and len(ours) == 1 and ours == theirs,
+              f"{v}: take_gil's gil= argument is perf probe's for tstate->interp->ceval.gil ({ours} {theirs} {p.stderr})")
         r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", trace, "--summary-json", summ,
                             "--", py, subinterp], capture_output=True, text=True)
         check(r.returncode == 0, f"{v} subinterpreters: record ({r.stderr[-300:]})")
