@@ -89,13 +89,14 @@ void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
 void GilTracker::end_wait(Thread& th, uint64_t t, bool cut) {
     const uint64_t d = t > th.since ? t - th.since : 0;
     th.st.wait_ns += d;
-    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.since, t, cut);
+    if (trace_)
+        trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.gil ? th.gil->st.index : 0, th.since, t, cut);
 }
 
 void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     const uint64_t d = t > th.since ? t - th.since : 0;
     th.st.hold_ns += d;
-    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, th.since, t, cut);
+    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, p.st.index, th.since, t, cut);
     account(p, t);
     if (p.holders > 0) --p.holders;
     if (p.holder == th.st.tid) set_holder(p, -1, t);

@@ -222,9 +222,10 @@ void TraceRelay::replay(const Block& block, size_t used) {
         case Op::GilWait:
         case Op::GilLock: {
             const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
+            const auto gil = u.get<uint32_t>();
             const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
             const bool cut = u.get<uint8_t>() != 0;
-            writer_.gil_span(pid, tid, op == Op::GilWait ? GilSpan::Wait : GilSpan::Lock, start, stop, cut);
+            writer_.gil_span(pid, tid, op == Op::GilWait ? GilSpan::Wait : GilSpan::Lock, gil, start, stop, cut);
             break;
         }
         case Op::GilHolder: {
@@ -272,9 +273,11 @@ void TraceRelay::name_thread(int32_t pid, int32_t tid, std::string_view name) {
     append(Op::NameThread, pid, tid, name);
 }
 
-void TraceRelay::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
+void TraceRelay::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns,
+                          bool cut) {
     if (filter_.wanted(pid))
-        append(what == GilSpan::Wait ? Op::GilWait : Op::GilLock, pid, tid, start_ns, end_ns, static_cast<uint8_t>(cut));
+        append(what == GilSpan::Wait ? Op::GilWait : Op::GilLock, pid, tid, gil, start_ns, end_ns,
+               static_cast<uint8_t>(cut));
 }
 
 void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {

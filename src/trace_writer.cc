@@ -244,14 +244,21 @@ void TraceWriter::span(const Span& s) {
     end(p);
 }
 
-void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
+void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns,
+                           bool cut) {
     if (!filter_.wanted(pid)) return;
     char* p = begin(kFixed);
     p = what == GilSpan::Wait ? put(p, R"({"ph":"X","cat":"GIL state","name":"GIL wait")")
                               : put(p, R"({"ph":"X","cat":"GIL state","name":"LOCK")");
     p = put_track(p, pid, tid);
     p = put_interval(p, start_ns, end_ns);
-    p = cut ? put(p, R"(,"args":{"cut_at_end":true}})") : put(p, "}");
+    if (gil > 0) {
+        p = put(p, R"(,"args":{"gil":)");
+        p = put_int(p, static_cast<int64_t>(gil) + 1);
+        p = cut ? put(p, R"(,"cut_at_end":true}})") : put(p, "}}");
+    } else {
+        p = cut ? put(p, R"(,"args":{"cut_at_end":true}})") : put(p, "}");
+    }
     end(p);
 }
 
@@ -339,9 +346,10 @@ void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const T
     out_.write(tail);
 }
 
-void InOrderTraceSink::gil_span(int32_t pid, int32_t tid, GilSpan what, uint64_t start_ns, uint64_t end_ns, bool cut) {
-    if (!tl_.holding()) return next_.gil_span(pid, tid, what, start_ns, end_ns, cut);
-    tl_.defer({this, kSpan, static_cast<uint8_t>(what), cut, pid, tid, 0, 0, start_ns, end_ns});
+void InOrderTraceSink::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns,
+                                uint64_t end_ns, bool cut) {
+    if (!tl_.holding()) return next_.gil_span(pid, tid, what, gil, start_ns, end_ns, cut);
+    tl_.defer({this, kSpan, static_cast<uint8_t>(what), cut, pid, tid, static_cast<int32_t>(gil), 0, start_ns, end_ns});
 }
 
 void InOrderTraceSink::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
@@ -356,7 +364,9 @@ void InOrderTraceSink::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, ui
 
 void InOrderTraceSink::replay(const DeferredEvent& e) {
     switch (e.kind) {
-    case kSpan: next_.gil_span(e.pid, e.tid, static_cast<GilSpan>(e.what), e.start, e.end, e.cut); break;
+    case kSpan:
+        next_.gil_span(e.pid, e.tid, static_cast<GilSpan>(e.what), static_cast<uint32_t>(e.other), e.start, e.end, e.cut);
+        break;
     case kHolder: next_.gil_holder(e.pid, e.tid, e.other, e.start, e.end); break;
     case kWaiters: next_.gil_waiters(e.pid, static_cast<uint32_t>(e.tid), e.start, e.count); break;
     }

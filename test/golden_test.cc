@@ -528,7 +528,9 @@ TEST_CASE("golden: subinterpreters that own their GIL (3.13): one GIL per interp
     const FileSummary sum = analyse_recording(o);
     const nlohmann::json trace = nlohmann::json::parse(slurp(o.output));
     std::map<std::string, int> tracks, counters;
+    std::map<int, int> locks_by_gil;  // LOCK spans by their args.gil (0: none, the first GIL)
     for (const auto& e : trace["traceEvents"]) {
+        if (e.value("name", "") == "LOCK") ++locks_by_gil[e.contains("args") ? e["args"].value("gil", 0) : 0];
         if (e["ph"] == "M" && e["name"] == "thread_name") ++tracks[e["args"]["name"].get<std::string>()];
         if (e["ph"] == "C") ++counters[e["name"].get<std::string>()];
         if (e.value("cat", "") == "GIL holder") {
@@ -542,6 +544,10 @@ TEST_CASE("golden: subinterpreters that own their GIL (3.13): one GIL per interp
     CHECK(counters["GIL waiters"] > 100);
     CHECK(counters["GIL waiters (GIL 2)"] > 10);
     CHECK(counters["GIL waiters (GIL 3)"] > 10);
+    CHECK(locks_by_gil.size() == 3);
+    CHECK(locks_by_gil[0] > 100);
+    CHECK(locks_by_gil[2] > 10);
+    CHECK(locks_by_gil[3] > 10);
     const nlohmann::json j = summary_json(sum);
     REQUIRE(j["gil"]["processes"].size() == 3);
     for (size_t i = 0; i < 3; ++i) {

@@ -82,7 +82,8 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
         }
         // The GIL tracker's events.
         case 2:
-            sink.gil_span(pid, tid, rnd() % 2 ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, ts + dur,
+            sink.gil_span(pid, tid, rnd() % 2 ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock,
+                          static_cast<uint32_t>(dur % 3), ts, ts + dur,
                           rnd() % 4 == 0);
             break;
         case 3: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;

@@ -215,7 +215,7 @@ TEST_CASE("TraceWriter: cached track and timestamp text matches plain formatting
                 std::snprintf(line, sizeof line, "{\"ph\":\"C\",\"name\":\"GIL waiters\",\"pid\":%d,\"ts\":%s,\"args\":{\"waiting\":1}}",
                               pid, us(ts).c_str());
             } else if (i % 3 == 1) {
-                tw.gil_span(pid, tid, TraceSink::GilSpan::Wait, ts, ts + dur, false);
+                tw.gil_span(pid, tid, TraceSink::GilSpan::Wait, 0, ts, ts + dur, false);
                 std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"GIL state\",\"name\":\"GIL wait\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s}",
                               pid, tid, us(ts).c_str(), us(dur).c_str());
             } else {
@@ -272,9 +272,14 @@ TEST_CASE("TraceWriter: the GIL tracker's typed events, line by line against pri
                 case 0:
                 case 1: {
                     const bool wait = rnd() % 2, cut = rnd() % 5 == 0;
-                    tw.gil_span(pid, tid, wait ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, ts, end, cut);
+                    // The process's GIL: the first (no argument) or a later one, numbered from 1.
+                    const uint32_t gil = end % 4 == 0 ? static_cast<uint32_t>(end / 4 % 300) : 0;
+                    tw.gil_span(pid, tid, wait ? TraceSink::GilSpan::Wait : TraceSink::GilSpan::Lock, gil, ts, end, cut);
+                    std::string args;
+                    if (gil) args = ",\"args\":{\"gil\":" + std::to_string(gil + 1) + (cut ? ",\"cut_at_end\":true}" : "}");
+                    else if (cut) args = ",\"args\":{\"cut_at_end\":true}";
                     std::snprintf(line, sizeof line, "{\"ph\":\"X\",\"cat\":\"GIL state\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d%s%s}",
-                                  wait ? "GIL wait" : "LOCK", pid, tid, interval.c_str(), cut ? ",\"args\":{\"cut_at_end\":true}" : "");
+                                  wait ? "GIL wait" : "LOCK", pid, tid, interval.c_str(), args.c_str());
                     break;
                 }
                 case 2: {
