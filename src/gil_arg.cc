@@ -9,6 +9,8 @@
 
 #include <memory>
 
+#include "gilscan/elf_note.h"
+
 namespace gilscan {
 
 std::string GilArgPath::fetcharg() const {
@@ -162,16 +164,9 @@ std::optional<GilArgPath> gil_arg_path(const std::string& elf_path, std::string_
     if (!dw) {
         const void* bits = nullptr;
         const ssize_t n = dwelf_elf_gnu_build_id(f.elf, &bits);
-        std::string id;
-        for (ssize_t i = 0; i < n; ++i) {
-            static const char hex[] = "0123456789abcdef";
-            const auto b = static_cast<const unsigned char*>(bits)[i];
-            id += hex[b >> 4];
-            id += hex[b & 15];
-        }
-        if (id.size() > 2) {
-            debug = std::make_unique<DwarfFile>("/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) +
-                                                ".debug");
+        const std::string id = n > 0 ? to_hex(Bytes(static_cast<const uint8_t*>(bits), static_cast<size_t>(n))) : "";
+        if (const std::string path = build_id_debug_path(id); !path.empty()) {
+            debug = std::make_unique<DwarfFile>(path);
             dw = debug->dw;
         }
     }

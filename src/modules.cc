@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "gilscan/elf_note.h"
 #include "gilscan/jitdump.h"
 
 namespace gilscan {
@@ -50,8 +51,8 @@ std::unique_ptr<ElfFile> debug_symbols(const ElfFile& elf, const std::string& sy
     std::vector<std::string> c;
     const std::string& id = elf.build_id();
     if (id.size() > 2) {
-        c.push_back(symfs + "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug");
-        if (!symfs.empty()) c.push_back("/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug");
+        c.push_back(build_id_debug_path(id, symfs));
+        if (!symfs.empty()) c.push_back(build_id_debug_path(id));
     }
     if (!elf.debuglink().empty()) {
         std::string dir = fs::path(elf.path()).parent_path().string();

@@ -2,6 +2,7 @@
 
 #include "gilscan/cfi_rules.h"
 #include "gilscan/debuginfo_cache.h"
+#include "gilscan/elf_note.h"
 
 #include <bit>
 #include <cstring>
@@ -139,8 +140,7 @@ int find_debuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf
     if (n > 1) {
         const std::string id = to_hex(Bytes(bits, static_cast<size_t>(n)));
         std::string path;
-        const int fd = cached_debuginfo_fd(id, "/usr/lib/debug/.build-id/" + id.substr(0, 2) + "/" + id.substr(2) + ".debug",
-                                           &path);
+        const int fd = cached_debuginfo_fd(id, build_id_debug_path(id), &path);
         if (fd >= 0) {
             *debuginfo_file_name = ::strdup(path.c_str());
             return fd;

@@ -9,6 +9,7 @@
 #include <regex>
 #include <unistd.h>
 
+#include "gilscan/elf_note.h"
 #include "gilscan/gil_arg.h"
 #include "gilscan/gil_locator.h"
 #include "gilscan/probe.h"
@@ -232,4 +233,14 @@ TEST_CASE("uprobes with a fetch argument installed idempotently, and removed") {
     CHECK(install_probes(bare, tracefs).size() == 1);
     CHECK(run("cat " + tracefs + "/events/" + group + "/take_gil/format").find("field:u64 gil;") == std::string::npos);
     CHECK(remove_probes(group, tracefs) == plan.probes.size());
+}
+
+TEST_CASE("build_id_debug_path: where Debian's debug packages put a build's debug file") {
+    CHECK(build_id_debug_path("93ac61ff") == "/usr/lib/debug/.build-id/93/ac61ff.debug");
+    CHECK(build_id_debug_path("93ac61ff", "/sym") == "/sym/usr/lib/debug/.build-id/93/ac61ff.debug");
+    CHECK(build_id_debug_path("93").empty());
+    // libc6-dbg (scripts/build installs it) ships glibc's at exactly that path.
+    const std::string id = ElfFile("/lib/x86_64-linux-gnu/libc.so.6").build_id();
+    REQUIRE(id.size() == 40);
+    CHECK(fs::exists(build_id_debug_path(id)));
 }
