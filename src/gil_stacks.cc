@@ -168,7 +168,7 @@ bool GilStackClassifier::names_jit_frames(const AddressSpace& as) {
     if (modules_.perf_maps().dir().empty() ||
         std::none_of(frames_.begin(), frames_.end(), [](const Frame& f) { return in_jit_code(f); }))
         return false;
-    const PerfMap& m = jit_map(as.pid);
+    const PerfMap& m = jit_map(as);
     if (m.size() == 0) return false;
     jit_map_ = &m;
     jit_pid_ = as.pid;
@@ -177,13 +177,13 @@ bool GilStackClassifier::names_jit_frames(const AddressSpace& as) {
 
 // The process's perf map, read at the first of its frames in JIT code (an
 // empty map when there is none, or no directory).
-const PerfMap& GilStackClassifier::jit_map(int32_t pid) {
-    auto& m = jit_maps_[pid];
-    if (!m) m = modules_.perf_maps().of_pid(pid);
+const PerfMap& GilStackClassifier::jit_map(const AddressSpace& as) {
+    auto& m = jit_maps_[as.pid];
+    if (!m) m = modules_.perf_maps().of(as);
     return *m;
 }
 
-void GilStackClassifier::name_gil_function(int32_t pid, const Frame& f, SleepLabel& label) {
+void GilStackClassifier::name_gil_function(const AddressSpace& as, const Frame& f, SleepLabel& label) {
     if (f.module) {
         // An injected jitted-*.so: its function symbol at the pc (the names
         // live as long as the module cache, as the labels need).
@@ -194,7 +194,7 @@ void GilStackClassifier::name_gil_function(int32_t pid, const Frame& f, SleepLab
             }
         return;
     }
-    if (const PerfMapSymbol* sym = jit_map(pid).find(f.pc)) label.function = sym->name;
+    if (const PerfMapSymbol* sym = jit_map(as).find(f.pc)) label.function = sym->name;
 }
 
 const std::string& GilStackClassifier::user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f) {
@@ -356,7 +356,7 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         if (decided) {
             if (seeking_function && (in_jit_code(f) || in_injected_jit(f))) {
                 seeking_function = false;
-                name_gil_function(as->pid, f, label);
+                name_gil_function(*as, f, label);
             }
         } else if (f.depth < kAnswerFrames) {
             if (f.module && f.module->python) {

@@ -66,7 +66,10 @@ scheduler tracepoints and writes a Chrome trace and a per-thread summary.
                            for --sleep-stacks and --gil-functions from
                            DIR/perf-PID.map, as perf does from /tmp (default: /tmp),
                            or DIR/jit-PID.dump (3.13+ with -X perf_jit: names,
-                           and the CFI to unwind on through; no perf inject)
+                           and the CFI to unwind on through; no perf inject).
+                           Where DIR has neither: a process that still runs,
+                           in its own /tmp by its pid there (containers); a
+                           jitdump by the path and name the process mapped
       --no-perf-maps       leave those frames unnamed
       --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
                            *-dbg packages) in DIR, by build-id, so that later runs

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include <sys/stat.h>
+
 #include "gilscan/error.h"
+#include "gilscan/live_process.h"
 #include "gilscan/mapped_file.h"
 
 namespace gilscan {
@@ -55,6 +58,12 @@ bool read_whole(const std::string& path, std::string& text, bool& failed, int& e
     failed = std::ferror(f);
     std::fclose(f);
     return true;
+}
+
+// Whether two paths name one directory (both there, the same inode).
+bool same_directory(const std::string& a, const std::string& b) {
+    struct stat sa {}, sb {};
+    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 }  // namespace
@@ -122,55 +131,106 @@ bool is_jit_mapping(std::string_view path) {
            starts("[stack") || starts("/SYSV") || path == "[heap]";
 }
 
-std::shared_ptr<const PerfMap> PerfMaps::of_pid(int32_t pid) {
+bool PerfMaps::read_map(const std::string& path, std::string name, PerfMap& out, int& err) {
+    std::string text;
+    bool failed = false;
+    if (!read_whole(path, text, failed, err)) return false;
+    out = PerfMap::parse(text);
+    out.set_source(std::move(name));
+    if (failed) problems_.push_back(path + ": read error: the perf map may be incomplete");
+    if (out.skipped_lines())
+        problems_.push_back(path + ": " + std::to_string(out.skipped_lines()) +
+                            (out.skipped_lines() == 1 ? " line is not \"START SIZE NAME\" and was skipped"
+                                                      : " lines are not \"START SIZE NAME\" and were skipped"));
+    return true;
+}
+
+bool PerfMaps::read_dump(const std::string& path, std::string name, PerfMap& out) {
+    std::FILE* probe = std::fopen(path.c_str(), "rb");
+    if (!probe) return false;
+    std::fclose(probe);
+    // Mapped, not copied: a JIT that dumps its code too (a JVM's agent)
+    // writes hundreds of megabytes, most of them code bytes never read here.
+    JitDump d;
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) == 0 && !ec) {
+        d = parse_jitdump(Bytes(), path);  // nothing to map: "0 bytes, shorter than a jitdump header"
+    } else {
+        try {
+            const MappedFile f(path);
+            d = parse_jitdump(f.bytes(), path);
+        } catch (const Error& e) {
+            d.problem = e.what();  // a directory, not mappable
+        }
+    }
+    out = PerfMap::from_jitdump(d);
+    out.set_source(std::move(name));
+    if (!d.problem.empty())
+        problems_.push_back(d.problem + (d.codes.empty() ? "" : " (the " + std::to_string(d.codes.size()) +
+                                                                    " code loads before it are used)"));
+    return true;
+}
+
+std::shared_ptr<const PerfMap> PerfMaps::of(const AddressSpace& as) {
+    // What perf would name from a map (anonymous executable memory), and the
+    // jitdump marker: the dump mapped executable so that perf records where
+    // it is. Only a process with JIT frames gets here, so it has the former.
+    std::string_view marker;
+    std::vector<uint64_t> jit_starts;
+    for (const auto& [start, m] : as.maps) {
+        if (m.exec && is_jit_mapping(m.path)) jit_starts.push_back(start);
+        else if (marker.empty() && is_jitdump_path(m.path)) marker = m.path;
+    }
+    return lookup(as.pid, marker, jit_starts);
+}
+
+std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view marker,
+                                                const std::vector<uint64_t>& jit_starts) {
     std::lock_guard<std::mutex> l(mu_);
     auto& slot = by_pid_[pid];
     if (slot) return slot;
     auto map = std::make_shared<PerfMap>();
     if (!dir_.empty() && pid > 0) {
-        const std::string name = "perf-" + std::to_string(pid) + ".map";
-        const std::string path = dir_ + "/" + name;
-        const std::string dump_name = "jit-" + std::to_string(pid) + ".dump";
-        const std::string dump_path = dir_ + "/" + dump_name;
-        std::string text;
-        bool failed = false;
-        int map_errno = 0;
-        if (read_whole(path, text, failed, map_errno)) {
-            *map = PerfMap::parse(text);
-            map->set_source(name);
-            if (failed)
-                problems_.push_back(path + ": read error: the perf map may be incomplete");
-            if (map->skipped_lines())
-                problems_.push_back(path + ": " + std::to_string(map->skipped_lines()) +
-                                    (map->skipped_lines() == 1 ? " line is not \"START SIZE NAME\" and was skipped"
-                                                               : " lines are not \"START SIZE NAME\" and were skipped"));
-        } else if (std::FILE* probe = std::fopen(dump_path.c_str(), "rb")) {
-            std::fclose(probe);
-            // Mapped, not copied: a JIT that dumps its code too (a JVM's
-            // agent) writes hundreds of megabytes, most of them code bytes
-            // never read here.
-            JitDump d;
-            std::error_code ec;
-            if (std::filesystem::file_size(dump_path, ec) == 0 && !ec) {
-                d = parse_jitdump(Bytes(), dump_path);  // nothing to map: "0 bytes, shorter than a jitdump header"
-            } else {
-                try {
-                    const MappedFile f(dump_path);
-                    d = parse_jitdump(f.bytes(), dump_path);
-                } catch (const Error& e) {
-                    d.problem = e.what();  // a directory, not mappable
-                }
+        const std::string p = std::to_string(pid);
+        const std::string path = dir_ + "/perf-" + p + ".map", dump_name = "jit-" + p + ".dump";
+        int map_errno = 0, unused = 0;
+        bool found = read_map(path, "perf-" + p + ".map", *map, map_errno) || read_dump(dir_ + "/" + dump_name, dump_name, *map);
+        std::string also;  // where else was looked, for the line of a missing map
+        if (!found && !jit_starts.empty()) {
+            // The process itself, if it runs still: its /tmp, its pid.
+            const LiveProcess lp = live_process(proc_, pid, jit_starts);
+            if (lp.running) {
+                const std::string ns = std::to_string(lp.ns_pid), tmp = lp.root + "/tmp/";
+                found = read_map(tmp + "perf-" + ns + ".map", "perf-" + ns + ".map", *map, unused) ||
+                        read_dump(tmp + "jit-" + ns + ".dump", "jit-" + ns + ".dump", *map);
+                // Said only where that is not the directory again (the
+                // host's own processes, with DIR /tmp).
+                if (!found && (lp.ns_pid != pid || !same_directory(tmp, dir_)))
+                    also += "; nor in the running process's own /tmp (" + tmp + ") as perf-" + ns + ".map or jit-" +
+                            ns + ".dump";
             }
-            *map = PerfMap::from_jitdump(d);
-            map->set_source(dump_name);
-            if (!d.problem.empty())
-                problems_.push_back(d.problem + (d.codes.empty() ? "" : " (the " + std::to_string(d.codes.size()) +
-                                                                            " code loads before it are used)"));
-        } else {
-            missing_[pid] = "no perf map " + path + " (" + std::strerror(map_errno) + ") or jitdump " + dump_name +
-                            ": process " + std::to_string(pid) +
-                            "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
         }
+        if (!found && !marker.empty()) {
+            // The jitdump it mapped: named by the pid it saw (a pid namespace),
+            // or in another directory (as perf inject reads it: by that path).
+            const size_t slash = marker.rfind('/');
+            const std::string base(marker.substr(slash + 1));
+            const std::string in_dir = dir_ + "/" + base;
+            bool tried = false;
+            if (base != dump_name) {
+                tried = true;
+                found = read_dump(in_dir, base, *map);
+            }
+            if (!found && marker != in_dir && !same_directory(std::string(marker.substr(0, slash + 1)), dir_)) {
+                tried = true;
+                found = read_dump(std::string(marker), base, *map);
+            }
+            if (!found && tried) also += "; nor the jitdump it mapped, " + std::string(marker) + ", there or in the directory";
+        }
+        if (!found)
+            missing_[pid] = "no perf map " + path + " (" + std::strerror(map_errno) + ") or jitdump " + dump_name + also +
+                            ": process " + p +
+                            "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
     }
     slot = std::move(map);
     return slot;

@@ -439,7 +439,7 @@ const CfiRule* DwarfUnwinder::jit_rule(const AddressSpace& as, uint64_t pc) {
     const Mapping* m = as.find(pc);
     if (!m || !m->exec || !is_jit_mapping(m->path)) return nullptr;
     if (!jit_map_ || jit_pid_ != as.pid) {
-        jit_map_ = modules_.perf_maps().of_pid(as.pid);
+        jit_map_ = modules_.perf_maps().of(as);
         jit_pid_ = as.pid;
     }
     return jit_map_->cfi_at(pc);

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -327,4 +328,50 @@ TEST_CASE("PerfMaps reads DIR/jit-PID.dump where there is no perf map; a perf ma
     CHECK_FALSE(is_injected_jit_path("/tmp/jitted-51-.so"));
     CHECK_FALSE(is_injected_jit_path("/tmp/jitted-51-2-3.so"));
     CHECK_FALSE(is_injected_jit_path("/usr/lib/libjitted-1-2.so"));
+}
+
+TEST_CASE("PerfMaps finds a jitdump by the path the process mapped it at: its pid namespace's name, another directory") {
+    gilscan::test::TempDir dir("gilscan-jitdump");
+    const std::filesystem::path tmp = dir.path / "tmp", elsewhere = dir.path / "jit-dir";
+    std::filesystem::create_directories(tmp);
+    std::filesystem::create_directories(elsewhere);
+    DumpWriter w;
+    w.header(7);
+    w.load(0x7f0000001000, 11, 1, "py::spin:/app/work.py");
+    auto write = [&](const std::filesystem::path& p) {
+        std::ofstream(p, std::ios::binary)
+            .write(reinterpret_cast<const char*>(w.out.data()), static_cast<std::streamsize>(w.out.size()));
+    };
+    write(tmp / "jit-7.dump");              // a container's /tmp copied out: pid 7 there
+    write(elsewhere / "jit-1235.dump");     // a JIT told to dump elsewhere
+    auto space = [](int32_t pid, const std::string& marker) {
+        AddressSpace as;
+        as.pid = pid;
+        as.maps[0x7f0000001000] = Mapping{0x7f0000001000, 0x7f0000002000, 0, "//anon", "", 0, true};
+        // The marker: mapped executable so that perf records it (and a second,
+        // a forked child's parent's, at a higher address: the first is read).
+        as.maps[0x7f1000000000] = Mapping{0x7f1000000000, 0x7f1000001000, 0, marker, "", 5, true};
+        as.maps[0x7f2000000000] = Mapping{0x7f2000000000, 0x7f2000001000, 0, "/tmp/jit-999.dump", "", 6, true};
+        return as;
+    };
+    // No such processes in this procfs: they have exited.
+    PerfMaps maps(tmp.string(), (dir.path / "proc").string());
+    auto m = maps.of(space(1234, "/tmp/jit-7.dump"));
+    CHECK(m->source() == "jit-7.dump");
+    REQUIRE(m->find(0x7f0000001005));
+    CHECK(m->find(0x7f0000001005)->name == "py::spin:/app/work.py");
+    m = maps.of(space(1235, (elsewhere / "jit-1235.dump").string()));
+    CHECK(m->source() == "jit-1235.dump");
+    CHECK(m->find(0x7f0000001005)->name == "py::spin:/app/work.py");
+    CHECK(maps.of(space(1236, "/nonexistent/jit-9.dump"))->size() == 0);
+    CHECK(maps.of(space(1237, (tmp / "jit-1237.dump").string()))->size() == 0);  // the directory's own name: looked for once
+    const auto problems = maps.problems();
+    REQUIRE(problems.size() == 2);
+    CHECK(problems[0] == "no perf map " + tmp.string() + "/perf-1236.map (No such file or directory) or jitdump "
+                         "jit-1236.dump; nor the jitdump it mapped, /nonexistent/jit-9.dump, there or in the "
+                         "directory: process 1236's frames in anonymous memory (JIT code, Python's -X perf "
+                         "trampolines) stay unnamed");
+    CHECK(problems[1] == "no perf map " + tmp.string() + "/perf-1237.map (No such file or directory) or jitdump "
+                         "jit-1237.dump: process 1237's frames in anonymous memory (JIT code, Python's -X perf "
+                         "trampolines) stay unnamed");
 }

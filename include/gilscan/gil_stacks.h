@@ -166,9 +166,9 @@ private:
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);
     bool names_jit_frames(const AddressSpace& as);
-    const PerfMap& jit_map(int32_t pid);
+    const PerfMap& jit_map(const AddressSpace& as);
     // --gil-functions: the function a GIL wait's JIT frame f names, into label.
-    [[gnu::noinline]] void name_gil_function(int32_t pid, const Frame& f, SleepLabel& label);
+    [[gnu::noinline]] void name_gil_function(const AddressSpace& as, const Frame& f, SleepLabel& label);
     const std::string* jit_frame_json(const Frame& f);
     const std::string& name_unlocked(std::unique_lock<std::mutex>& l, uint64_t layout, const Frame& f,
                                      std::unordered_map<uint64_t, std::string>& shared,

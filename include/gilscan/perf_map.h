@@ -5,7 +5,7 @@
 // memory, named "py::qualname:/path/file.py".
 //
 //   PerfMaps maps("/tmp");                           // the directory perf reads them from
-//   std::shared_ptr<const PerfMap> m = maps.of_pid(pid);   // read once per pid; never nullptr
+//   std::shared_ptr<const PerfMap> m = maps.of(as);  // read once per pid; never nullptr
 //   if (const PerfMapSymbol* s = m->find(pc)) ... s->name, pc - s->start
 //   maps.problems()                                  // "no perf map /tmp/perf-123.map ..."
 //
@@ -26,6 +26,13 @@
 // JIT frames. A map file is auxiliary: a line that does not parse is skipped
 // and counted (perf skips it too), never an error.
 //
+// Processes in containers (pid and mount namespaces) and services with a
+// private /tmp leave their maps where the host's /tmp does not show them;
+// while such a process still runs, its map is read through its own root,
+// as perf does (live_process.h). A jitdump is also found by the path the
+// process mapped it at (named by the pid it saw), as `perf inject --jit`
+// finds it, in the directory or at that path.
+//
 // Thread-safe: the -j threads share one PerfMaps; a PerfMap never changes
 // once read.
 #pragma once
@@ -41,6 +48,7 @@
 
 #include "gilscan/jit_cfi.h"
 #include "gilscan/jitdump.h"
+#include "gilscan/process_maps.h"
 
 namespace gilscan {
 
@@ -90,12 +98,21 @@ bool is_jit_mapping(std::string_view path);
 
 class PerfMaps {
 public:
-    // dir: where the maps are ("/tmp" as perf; "": none read, every map empty).
-    explicit PerfMaps(std::string dir) : dir_(std::move(dir)) {}
-    // The map of a process, read on first use (an empty map when there is
-    // none): DIR/perf-PID.map, or where there is none DIR/jit-PID.dump
-    // (CPython 3.13+'s -X perf_jit writes that instead, jitdump.h).
-    std::shared_ptr<const PerfMap> of_pid(int32_t pid);
+    // dir: where the maps are ("/tmp" as perf; "": none read, every map
+    // empty). proc: where procfs is (another directory in tests).
+    explicit PerfMaps(std::string dir, std::string proc = "/proc") : dir_(std::move(dir)), proc_(std::move(proc)) {}
+    // The map of the process of an address space, read on first use (an
+    // empty map when there is none), the first found of:
+    //   DIR/perf-PID.map;
+    //   DIR/jit-PID.dump (CPython 3.13+'s -X perf_jit writes that instead, jitdump.h);
+    //   while the process still runs (live_process.h), the same two in its
+    //   own /tmp, named by its pid there (PROC/PID/root/tmp/perf-NSPID.map);
+    //   the jitdump it mapped (jit-N.dump, N the pid it saw): DIR/jit-N.dump,
+    //   then the mapped path itself. (A forked child keeps its parent's
+    //   mapping beside its own: the first by address is read.)
+    std::shared_ptr<const PerfMap> of(const AddressSpace& as);
+    // The same for a pid alone: the directory's two files only.
+    std::shared_ptr<const PerfMap> of_pid(int32_t pid) { return lookup(pid, {}, {}); }
     // One line per map that was wanted and unreadable or had skipped
     // lines, then per missing map, by pid: past kMissingShown of those, one
     // line says how many more.
@@ -104,7 +121,13 @@ public:
     const std::string& dir() const { return dir_; }
 
 private:
-    std::string dir_;
+    std::shared_ptr<const PerfMap> lookup(int32_t pid, std::string_view marker, const std::vector<uint64_t>& jit_starts);
+    // Under mu_: the file read into out when it can be opened (its trouble
+    // kept in problems_); err: why not.
+    bool read_map(const std::string& path, std::string name, PerfMap& out, int& err);
+    bool read_dump(const std::string& path, std::string name, PerfMap& out);
+
+    std::string dir_, proc_;
     mutable std::mutex mu_;
     std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> by_pid_;
     std::vector<std::string> problems_;
