@@ -172,7 +172,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
 
     // 8. Outputs.
     const auto threads = timeline.threads();
-    FileSummary summary = build_summary(session, threads, opt.pids, &gil);
+    FileSummary summary = build_summary(session, threads, opt.pids, &gil, timeline.cpu_wide());
     StackStats sst = parallel ? parallel->stats() : stacks.stats();
     sst += ahead_stats;
     summary.stack_stats = sst;

@@ -340,6 +340,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         SchedSwitch sw;
         if (!dec_.decode(s, ev, swap, sw)) return;
         ++sched_events_;
+        idle_switch_outs_ += sw.prev_pid == 0;
         if (sw.prev_pid > 0) {
             Thread& p = thread(sw.prev_pid);
             if (s.tid == sw.prev_pid) set_tgid(p, s.pid);

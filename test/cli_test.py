@@ -73,6 +73,13 @@ with tempfile.TemporaryDirectory() as tmp:
     pid = s["threads"][0]["pid"]
     r = run(os.path.join(DATA, "system_wide.data"), "-o", trace, "--pid", str(pid), "-q")
     check(r.returncode == 0, "--pid on a system-wide recording")
+    # Unrecorded switch-ins: "record with -a" only where the recording is not.
+    r = run(os.path.join(DATA, "system_wide.data"), "-q")
+    check(r.returncode == 0 and "in this system-wide recording" in r.stderr and "Record with -a" not in r.stderr,
+          f"a system-wide recording's unrecorded switch-ins, without the advice to record with -a ({r.stderr})")
+    r = run(os.path.join(DATA, "plain.data"), "-q")
+    check(r.returncode == 0 and "(a per-process recording" in r.stderr and "Record with -a" in r.stderr,
+          f"a per-process recording's unrecorded switch-ins, with the advice to record with -a ({r.stderr})")
 
     # Stacks: S(GIL) from DWARF unwinding, with the symbolized stack on request
     r = run(os.path.join(DATA, "stacks_py311.data"), "-o", trace, "--summary-json", summ, "--sleep-stacks", "40", "-q")

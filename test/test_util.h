@@ -149,6 +149,7 @@ struct Analysis {
     std::vector<GilProcessStats> gils;  // per GIL, by pid and index
     GilAnomalies gil_anomalies;
     DecodeStats stats;
+    bool cpu_wide = false;  // Timeline::cpu_wide()
     const GilThreadStats* gil_thread(int32_t tid) const {
         for (auto& t : gil)
             if (t.tid == tid) return &t;
@@ -180,6 +181,7 @@ inline Analysis analyse(const std::string& path, size_t chunk_size = 0, std::opt
     a.gils = gil.processes();
     a.gil_anomalies = gil.anomalies();
     a.stats = s.stats();
+    a.cpu_wide = tl.cpu_wide();
     return a;
 }
 

@@ -128,6 +128,13 @@ TEST_CASE("switch-in never recorded (per-process recording): woken time counts a
     // 99 belongs to a process the recording does not follow: no spans, not in the table.
     CHECK(a.spans.of(99, SpanKind::Running).empty());
     CHECK_FALSE(a.thread(99)->monitored);
+    CHECK_FALSE(a.cpu_wide);  // no idle task switched out: events per task
+    // The same with one switch of CPU 1's idle task (events per CPU, -a):
+    // the summary then names another cause for the switch-in unseen.
+    r.switch_(130, 1, 0, 0, 0, 12);
+    a = analyse_bytes(r.w.build());
+    CHECK(a.thread(11)->hidden_switch_ins == 1);
+    CHECK(a.cpu_wide);
 }
 
 TEST_CASE("LOST: states of threads last seen on that CPU become unknown until their next event") {

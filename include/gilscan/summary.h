@@ -62,8 +62,10 @@ struct FileSummary {
 // "2026-11-29T12:02:26Z" for nanoseconds since the epoch.
 std::string iso8601_utc(int64_t ns);
 
+// cpu_wide: Timeline::cpu_wide() (which cause the unrecorded switch-ins' warning names).
 FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*>& threads,
-                          const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr);
+                          const std::unordered_set<int32_t>& pids, const GilTracker* gil = nullptr,
+                          bool cpu_wide = false);
 // With GIL uprobes in the recording, the table shows the threads of the
 // processes that ran the probed Python unless all_threads.
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads = false);

@@ -220,6 +220,10 @@ public:
     std::vector<GilFunctionStats> gil_functions() const;
     uint64_t wakeups_while_running() const { return wake_while_running_; }
     uint64_t sched_events() const { return sched_events_; }
+    // A sched_switch of the idle task (prev_pid 0) was recorded: the events
+    // were opened per CPU (perf record -a, -C), not per task, and an
+    // unrecorded switch-in is not the per-process recording's blind spot.
+    bool cpu_wide() const { return idle_switch_outs_ > 0; }
     const TracepointDecoder& decoder() const { return dec_; }
 
     static constexpr uint64_t kWakeRaceWindowNs = 200'000;
@@ -352,6 +356,7 @@ private:
     std::map<std::pair<int32_t, std::string>, FunctionTotals, FunctionKeyLess> by_function_;
     uint64_t wake_while_running_ = 0;
     uint64_t sched_events_ = 0;
+    uint64_t idle_switch_outs_ = 0;
     uint64_t last_time_ = 0;
 };
 
