@@ -172,6 +172,13 @@ bool PerfMaps::read_dump(const std::string& path, std::string name, PerfMap& out
 }
 
 std::shared_ptr<const PerfMap> PerfMaps::of(const AddressSpace& as) {
+    {
+        // Read already (the unwinder asks again whenever the pid changes):
+        // no walk over the mappings.
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = by_pid_.find(as.pid);
+        if (it != by_pid_.end() && it->second) return it->second;
+    }
     // What perf would name from a map (anonymous executable memory), and the
     // jitdump marker: the dump mapped executable so that perf records where
     // it is. Only a process with JIT frames gets here, so it has the former.
