@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +47,33 @@ int paranoid_level() {
     return v;
 }
 
+// perf's stderr, from fd, to ours without its "[ perf record: ... ]" lines
+// (woken up N times, captured and wrote N MB).
+void filter_perf_lines(int fd) {
+    std::string pending;
+    char buf[4096];
+    auto emit = [](std::string_view line) {
+        if (line.rfind("[ perf record:", 0) == 0) return;
+        while (!line.empty()) {
+            const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return;
+            line.remove_prefix(static_cast<size_t>(n));
+        }
+    };
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;  // Ctrl-C, forwarded to perf
+        if (n <= 0) break;
+        pending.append(buf, static_cast<size_t>(n));
+        size_t start = 0;
+        for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
+            emit(std::string_view(pending).substr(start, nl + 1 - start));
+        pending.erase(0, start);
+    }
+    emit(pending);
+}
+
 [[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
 
 constexpr const char* kUsage =
@@ -60,7 +89,8 @@ constexpr const char* kUsage =
     "                  ends the stacks there)\n"
     "  -o FILE         the perf.data to write (default perf.data)\n"
     "  --trace FILE    the Chrome trace to write (default trace.json)\n"
-    "  --no-analyse    only record\n";
+    "  --no-analyse    only record\n"
+    "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay)\n";
 
 }  // namespace
 
@@ -172,7 +202,20 @@ RecordResult record_main(int argc, char** argv) {
                            stderr);
         }
     }
-    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
+    // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
+    // are not (perf's -q would hide those too). perf's stderr becomes a pipe
+    // read here; the program, which perf starts with perf's descriptors,
+    // gets the real stderr back first (fd 3, through sh), so that its own
+    // output is neither filtered nor turned into a pipe.
+    int saved_stderr = -1, err_pipe[2] = {-1, -1};
+    std::vector<std::string> program = command;
+    if (r.quiet) {
+        saved_stderr = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 10);
+        if (saved_stderr < 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+        program = {"/bin/sh", "-c", "exec 2>&3 3>&-; exec \"$@\"", "sh"};
+        program.insert(program.end(), command.begin(), command.end());
+    }
+    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, program);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
@@ -186,6 +229,8 @@ RecordResult record_main(int argc, char** argv) {
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
+        // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copies.
+        if (r.quiet && (::dup2(err_pipe[1], STDERR_FILENO) < 0 || ::dup2(saved_stderr, 3) < 0)) ::_exit(127);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);
@@ -195,6 +240,12 @@ RecordResult record_main(int argc, char** argv) {
     sa.sa_handler = forward_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    if (r.quiet) {
+        ::close(err_pipe[1]);
+        filter_perf_lines(err_pipe[0]);  // until perf, the pipe's last writer, exits
+        ::close(err_pipe[0]);
+        ::close(saved_stderr);
+    }
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     g_child = 0;

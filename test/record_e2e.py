@@ -35,6 +35,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r.returncode == 0, f"{py}: record exits with the program's status 0 ({r.returncode}: {r.stderr[-500:]})")
         if r.returncode != 0:
             continue
+        check("[ perf record:" not in r.stderr, f"{py}: -q leaves out perf's own lines ({r.stderr[-300:]})")
         s = json.load(open(summ))
         g = s["gil"]
         check(g["uprobes"] and g["probe_events"] > 50, f"{py}: GIL uprobes fired ({g['probe_events']})")
@@ -49,6 +50,21 @@ with tempfile.TemporaryDirectory() as tmp:
         check(any(t["gil_sleep_count"] for t in s["threads"]), f"{py}: S(GIL) sleeps labelled from the probes")
         names = {e["name"] for e in json.load(open(trace))["traceEvents"]}
         check({"LOCK", "GIL wait", "S(GIL)"} <= names, f"{py}: GIL spans in the trace")
+
+    # record -q: perf's "[ perf record: ... ]" lines only are left out. The
+    # program's stderr is its own (not filtered, even a line like perf's),
+    # perf's errors still show, and without -q perf's lines are there.
+    py = "/root/.pyenv/versions/3.11.7/bin/python3"
+    prog = "import os, sys; sys.stderr.write('[ perf record: the program ]\\n'); sys.exit(3)"
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog],
+                       capture_output=True, text=True)
+    check(r.returncode == 3 and "[ perf record: the program ]" in r.stderr and "Captured and wrote" not in r.stderr,
+          f"record -q: the program's stderr passed as it is, its status 3, perf's lines left out ({r.returncode}, {r.stderr!r})")
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", "", "--", py, "-c", "1"], capture_output=True, text=True)
+    check(r.returncode == 0 and "[ perf record: Captured and wrote" in r.stderr, f"record without -q: perf's lines ({r.stderr!r})")
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", "/nonexistent/r.data", "--", py, "-c", "1"], capture_output=True, text=True)
+    check(r.returncode != 0 and "/nonexistent/r.data" in r.stderr.split("gilscan: error:")[0],
+          f"record -q: perf's error still shown ({r.stderr!r})")
 
     # 3.12+: subinterpreters that own their GIL. The take_gil probe reads
     # which GIL (its gil= argument, from libpython's DWARF): three GILs in one
