@@ -1,5 +1,6 @@
 #include "gilscan/record_cmd.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string_view>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,31 +49,59 @@ int paranoid_level() {
     return v;
 }
 
-// perf's stderr, from fd, to ours without its "[ perf record: ... ]" lines
-// (woken up N times, captured and wrote N MB).
-void filter_perf_lines(int fd) {
+// perf's stderr (and the program's), from fd, to ours without perf's
+// "[ perf record: ... ]" lines (woken up N times, captured and wrote N MB).
+// Whatever cannot begin such a line passes at once, so that a progress
+// line the program ends with '\r' is not held back.
+//
+// Until perf (pid; its wait status into status) has exited and the pipe
+// has nothing more: a process the program left running may hold the pipe
+// open for as long as it lives, and is not waited for.
+void filter_perf_lines(int fd, pid_t pid, int& status) {
+    constexpr std::string_view kPerf = "[ perf record:";
     std::string pending;
     char buf[4096];
-    auto emit = [](std::string_view line) {
-        if (line.rfind("[ perf record:", 0) == 0) return;
-        while (!line.empty()) {
-            const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+    auto emit = [](std::string_view text) {
+        while (!text.empty()) {
+            const ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
             if (n < 0 && errno == EINTR) continue;
             if (n <= 0) return;
-            line.remove_prefix(static_cast<size_t>(n));
+            text.remove_prefix(static_cast<size_t>(n));
         }
     };
+    auto perfs = [&](std::string_view line) { return line.substr(0, kPerf.size()) == kPerf; };
+    bool exited = false;
     for (;;) {
+        pollfd p{fd, POLLIN, 0};
+        const int ready = ::poll(&p, 1, exited ? 0 : 100);
+        if (ready < 0 && errno == EINTR) continue;  // Ctrl-C, forwarded to perf
+        if (ready <= 0) {
+            if (exited) break;  // perf is gone and nothing is left to read
+            pid_t w;
+            while ((w = ::waitpid(pid, &status, WNOHANG)) < 0 && errno == EINTR) {}
+            exited = w == pid || w < 0;
+            continue;
+        }
         const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;  // Ctrl-C, forwarded to perf
+        if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         pending.append(buf, static_cast<size_t>(n));
         size_t start = 0;
-        for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1)
-            emit(std::string_view(pending).substr(start, nl + 1 - start));
+        for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+            const std::string_view line = std::string_view(pending).substr(start, nl + 1 - start);
+            if (!perfs(line)) emit(line);
+        }
         pending.erase(0, start);
+        // The rest of a line: out now unless it may still become perf's.
+        const std::string_view rest = pending;
+        if (!rest.empty() && kPerf.substr(0, std::min(rest.size(), kPerf.size())) != rest.substr(0, kPerf.size())) {
+            emit(rest);
+            pending.clear();
+        }
     }
-    emit(pending);
+    if (!perfs(pending)) emit(pending);
+    if (!exited)
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
 }
 
 [[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
@@ -90,7 +120,8 @@ constexpr const char* kUsage =
     "  -o FILE         the perf.data to write (default perf.data)\n"
     "  --trace FILE    the Chrome trace to write (default trace.json)\n"
     "  --no-analyse    only record\n"
-    "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay)\n";
+    "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay;\n"
+    "                  the program's stderr then passes through that filter)\n";
 
 }  // namespace
 
@@ -203,19 +234,15 @@ RecordResult record_main(int argc, char** argv) {
         }
     }
     // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
-    // are not (perf's -q would hide those too). perf's stderr becomes a pipe
-    // read here; the program, which perf starts with perf's descriptors,
-    // gets the real stderr back first (fd 3, through sh), so that its own
-    // output is neither filtered nor turned into a pipe.
-    int saved_stderr = -1, err_pipe[2] = {-1, -1};
-    std::vector<std::string> program = command;
-    if (r.quiet) {
-        saved_stderr = ::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 10);
-        if (saved_stderr < 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
-        program = {"/bin/sh", "-c", "exec 2>&3 3>&-; exec \"$@\"", "sh"};
-        program.insert(program.end(), command.begin(), command.end());
-    }
-    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, program);
+    // are not (perf's -q would hide those too): perf's stderr becomes a pipe
+    // read here. The program, which perf starts with perf's descriptors,
+    // writes there too. (Not wrapped to get the real stderr back: the
+    // wrapper's exec would be in the recording, and with it in the test
+    // suite's environment perf script unwound the program's stacks no
+    // further than one frame.)
+    int err_pipe[2] = {-1, -1};
+    if (r.quiet && ::pipe2(err_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
@@ -229,8 +256,8 @@ RecordResult record_main(int argc, char** argv) {
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-        // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copies.
-        if (r.quiet && (::dup2(err_pipe[1], STDERR_FILENO) < 0 || ::dup2(saved_stderr, 3) < 0)) ::_exit(127);
+        // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copy.
+        if (r.quiet && ::dup2(err_pipe[1], STDERR_FILENO) < 0) ::_exit(127);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);
@@ -240,14 +267,14 @@ RecordResult record_main(int argc, char** argv) {
     sa.sa_handler = forward_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    int status = 0;
     if (r.quiet) {
         ::close(err_pipe[1]);
-        filter_perf_lines(err_pipe[0]);  // until perf, the pipe's last writer, exits
+        filter_perf_lines(err_pipe[0], pid, status);
         ::close(err_pipe[0]);
-        ::close(saved_stderr);
+    } else {
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     g_child = 0;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);

@@ -13,8 +13,8 @@ waits to be released. Then:
   mapped it under (jit-1.dump) in a directory it was copied to;
 - once it has exited, a missing map is said, with where else was looked.
 
-(perf script itself unwinds these recordings no further than the first user
-frame here, so the copies are the reference.)
+(perf script unwound these recordings no further than the first user frame
+here, so the copies are the reference.)
 
 usage: container_e2e.py GILSCAN WORKLOAD
 Prints "N passed, N failed".
@@ -31,7 +31,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklib import check, done  # noqa: E402
 
-GILSCAN, WORKLOAD = sys.argv[1], os.path.abspath(sys.argv[2])
+GILSCAN, SOURCE = sys.argv[1], os.path.abspath(sys.argv[2])
+WORKLOAD = None  # its copy outside /tmp, which the contained process's /tmp hides
 DRIVER = """
 import os, runpy, sys
 print("ready", os.getpid(), flush=True)
@@ -85,6 +86,8 @@ def spin_waits(rows):
 # /var/tmp, not /tmp: the contained process's /tmp hides the host's.
 work = tempfile.mkdtemp(prefix="gilscan-ns-", dir="/var/tmp")
 try:
+    WORKLOAD = os.path.join(work, "workload.py")
+    shutil.copy(SOURCE, WORKLOAD)
     driver = os.path.join(work, "driver.py")
     open(driver, "w").write(DRIVER)
     data = os.path.join(work, "ns.data")

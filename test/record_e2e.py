@@ -51,15 +51,16 @@ with tempfile.TemporaryDirectory() as tmp:
         names = {e["name"] for e in json.load(open(trace))["traceEvents"]}
         check({"LOCK", "GIL wait", "S(GIL)"} <= names, f"{py}: GIL spans in the trace")
 
-    # record -q: perf's "[ perf record: ... ]" lines only are left out. The
-    # program's stderr is its own (not filtered, even a line like perf's),
-    # perf's errors still show, and without -q perf's lines are there.
+    # record -q: perf's "[ perf record: ... ]" lines only are left out: the
+    # program's own stderr passes (a line, and a progress line with no
+    # newline), perf's errors still show, and without -q perf's lines are there.
     py = "/root/.pyenv/versions/3.11.7/bin/python3"
-    prog = "import os, sys; sys.stderr.write('[ perf record: the program ]\\n'); sys.exit(3)"
-    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog],
-                       capture_output=True, text=True)
-    check(r.returncode == 3 and "[ perf record: the program ]" in r.stderr and "Captured and wrote" not in r.stderr,
-          f"record -q: the program's stderr passed as it is, its status 3, perf's lines left out ({r.returncode}, {r.stderr!r})")
+    prog = "import sys; sys.stderr.write('the program [ perf record: x ]\\n50%\\r'); sys.exit(3)"
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog], capture_output=True)
+    r.stderr = r.stderr.decode(errors="replace")  # not text=True: that would turn the \r into \n
+    check(r.returncode == 3 and r.stderr.startswith("the program [ perf record: x ]\n50%\r") and
+          "Captured and wrote" not in r.stderr,
+          f"record -q: the program's stderr passed, its status 3, perf's lines left out ({r.returncode}, {r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", "", "--", py, "-c", "1"], capture_output=True, text=True)
     check(r.returncode == 0 and "[ perf record: Captured and wrote" in r.stderr, f"record without -q: perf's lines ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-q", "-o", "/nonexistent/r.data", "--", py, "-c", "1"], capture_output=True, text=True)
