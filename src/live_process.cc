@@ -1,42 +1,13 @@
 #include "gilscan/live_process.h"
 
-#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <string_view>
 
-#include <fcntl.h>
-#include <unistd.h>
+#include "gilscan/cursor.h"
+#include "gilscan/mapped_file.h"
 
 namespace gilscan {
-
-namespace {
-
-// A procfs file whole (they report size 0: read to the end). False when it
-// cannot be opened; errno is then why.
-bool read_proc(const std::string& path, std::string& out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    out.clear();
-    char buf[1 << 14];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        out.append(buf, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return true;
-}
-
-bool take_hex(std::string_view& s, uint64_t& v) {
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
-    if (ec != std::errc() || end == s.data()) return false;
-    s.remove_prefix(static_cast<size_t>(end - s.data()));
-    return true;
-}
-
-}  // namespace
 
 int32_t ns_pid_of_status(std::string_view status) {
     constexpr std::string_view key = "NSpid:";
@@ -81,12 +52,14 @@ LiveProcess live_process(const std::string& proc, int32_t pid, std::span<const u
     LiveProcess p;
     const std::string dir = proc + "/" + std::to_string(pid);
     std::string status, maps;
-    if (pid <= 0 || !read_proc(dir + "/status", status)) {
+    bool failed = false;
+    int err = 0;
+    if (pid <= 0 || !read_small_file(dir + "/status", status, failed, err)) {
         p.why = "no " + dir + ": it has exited";
         return p;
     }
-    if (!read_proc(dir + "/maps", maps)) {
-        p.why = "cannot read " + dir + "/maps (" + std::strerror(errno) + ")";
+    if (!read_small_file(dir + "/maps", maps, failed, err)) {
+        p.why = "cannot read " + dir + "/maps (" + std::strerror(err) + ")";
         return p;
     }
     bool same = false;

@@ -16,47 +16,9 @@ namespace gilscan {
 
 namespace {
 
-// Hex digits at the front of s (an optional 0x first), consumed. False when
-// there are none, or more than 16 (a u64 cannot hold them).
-bool take_hex(std::string_view& s, uint64_t& out) {
-    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
-    size_t n = 0;
-    uint64_t v = 0;
-    for (; n < s.size(); ++n) {
-        const char c = s[n];
-        int d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else break;
-        if (n == 16) return false;
-        v = v << 4 | static_cast<uint64_t>(d);
-    }
-    if (n == 0) return false;
-    s.remove_prefix(n);
-    out = v;
-    return true;
-}
-
 bool take_space(std::string_view& s) {
     if (s.empty() || s[0] != ' ') return false;
     s.remove_prefix(1);
-    return true;
-}
-
-// The whole of a file into text; false (errno in err) when it cannot be
-// opened. failed: a read error part way.
-bool read_whole(const std::string& path, std::string& text, bool& failed, int& err) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) {
-        err = errno;
-        return false;
-    }
-    text.clear();
-    char buf[1 << 16];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-    failed = std::ferror(f);
-    std::fclose(f);
     return true;
 }
 
@@ -134,7 +96,7 @@ bool is_jit_mapping(std::string_view path) {
 bool PerfMaps::read_map(const std::string& path, std::string name, PerfMap& out, int& err) {
     std::string text;
     bool failed = false;
-    if (!read_whole(path, text, failed, err)) return false;
+    if (!read_small_file(path, text, failed, err)) return false;
     out = PerfMap::parse(text);
     out.set_source(std::move(name));
     if (failed) problems_.push_back(path + ": read error: the perf map may be incomplete");

@@ -162,6 +162,29 @@ private:
     uint64_t base_ = 0;
 };
 
+// Hex digits at the front of text s (an optional 0x first), consumed: a
+// perf map's START and SIZE, /proc/PID/maps' addresses. False when there
+// are none, or more than 16 (a u64 cannot hold them).
+inline bool take_hex(std::string_view& s, uint64_t& out) {
+    if (s.size() >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2);
+    size_t n = 0;
+    uint64_t v = 0;
+    for (; n < s.size(); ++n) {
+        const char c = s[n];
+        int d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else break;
+        if (n == 16) return false;
+        v = v << 4 | static_cast<uint64_t>(d);
+    }
+    if (n == 0) return false;
+    s.remove_prefix(n);
+    out = v;
+    return true;
+}
+
 // Lower-case hex of raw bytes (build-ids as perf and readelf print them).
 inline std::string to_hex(Bytes b) {
     static const char digits[] = "0123456789abcdef";

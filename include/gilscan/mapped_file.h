@@ -17,6 +17,11 @@
 
 namespace gilscan {
 
+// A small text file read whole into text (a perf map; a procfs file, which
+// reports size 0: read to the end). False when it cannot be opened (errno
+// in err); failed: a read error part way.
+bool read_small_file(const std::string& path, std::string& text, bool& failed, int& err);
+
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);
