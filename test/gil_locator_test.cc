@@ -170,7 +170,10 @@ TEST_CASE("take_gil's entry probe reads which GIL on 3.12+ (tstate->interp->ceva
         // Stripped, no debug file: one GIL per process assumed.
         {"/usr/bin/python3.11", ""},
     };
-    for (const auto& [lib, args] : want) {
+    for (const auto& w : want) {
+        // Not a structured binding: clang 14 (the fuzz build) cannot capture one in CAPTURE's lambda.
+        const char* const lib = w.first;
+        const char* const args = w.second;
         CAPTURE(lib);
         ProbePlan plan = plan_probes(lib, "gil_args_test");
         size_t with_args = 0;

@@ -295,7 +295,8 @@ TEST_CASE("kallsyms cache key: the first line with a visible address, past per-C
     for (const auto& [line, usable] : lines) {
         KallsymsKey k = key();
         k.first_visible = line;
-        CAPTURE(line);
+        const std::string shown = line;  // clang 14 cannot capture a structured binding in CAPTURE's lambda
+        CAPTURE(shown);
         CHECK(k.usable() == usable);
     }
 }
