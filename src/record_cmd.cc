@@ -12,7 +12,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "gilscan/error.h"
@@ -105,6 +107,37 @@ void filter_perf_lines(int fd, pid_t pid, int& status) {
 }
 
 [[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
+
+// The channel perf's stderr (and the program's) goes through for -q: fds[0]
+// is read by filter_perf_lines, fds[1] becomes perf's stderr; both
+// close-on-exec. When our stderr is a terminal, a pseudo-terminal of the
+// same size, so that the program still finds a terminal there (progress
+// bars, colours: isatty(2)); its output processing is off, so the bytes
+// come through as written ("\n" not turned into "\r\n"). Otherwise, or if
+// no pty can be had, a pipe, as our stderr is not a terminal either.
+void open_stderr_relay(int fds[2]) {
+    if (::isatty(STDERR_FILENO)) {
+        const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (master >= 0 && ::grantpt(master) == 0 && ::unlockpt(master) == 0) {
+            char name[128];
+            const int slave = ::ptsname_r(master, name, sizeof name) == 0 ? ::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC) : -1;
+            termios t{};
+            if (slave >= 0 && ::tcgetattr(STDERR_FILENO, &t) == 0) {
+                t.c_oflag &= ~static_cast<tcflag_t>(OPOST);
+                winsize ws{};
+                if (::tcsetattr(slave, TCSANOW, &t) == 0 &&
+                    (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ::ioctl(slave, TIOCSWINSZ, &ws) == 0)) {
+                    fds[0] = master;
+                    fds[1] = slave;
+                    return;
+                }
+            }
+            if (slave >= 0) ::close(slave);
+        }
+        if (master >= 0) ::close(master);
+    }
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+}
 
 constexpr const char* kUsage =
     "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions]\n"
@@ -235,13 +268,13 @@ RecordResult record_main(int argc, char** argv) {
     }
     // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
     // are not (perf's -q would hide those too): perf's stderr becomes a pipe
-    // read here. The program, which perf starts with perf's descriptors,
+    // (a pseudo-terminal when ours is a terminal) read here. The program, which perf starts with perf's descriptors,
     // writes there too. (Not wrapped to get the real stderr back: the
     // wrapper's exec would be in the recording, and with it in the test
     // suite's environment perf script unwound the program's stacks no
     // further than one frame.)
     int err_pipe[2] = {-1, -1};
-    if (r.quiet && ::pipe2(err_pipe, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    if (r.quiet) open_stderr_relay(err_pipe);
     std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());

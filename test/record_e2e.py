@@ -8,12 +8,16 @@ usage: record_e2e.py GILSCAN WORKLOAD
 Prints "N passed, N failed".
 """
 import collections
+import fcntl
 import glob
 import json
 import os
+import pty
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklib import check, done  # noqa: E402
@@ -61,6 +65,32 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 3 and r.stderr.startswith("the program [ perf record: x ]\n50%\r") and
           "Captured and wrote" not in r.stderr,
           f"record -q: the program's stderr passed, its status 3, perf's lines left out ({r.returncode}, {r.stderr!r})")
+    # With stderr on a terminal the program still finds one there (a
+    # pseudo-terminal of the same size, its bytes passed as written).
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 77, 0, 0))
+    prog = ("import os, sys; sys.stderr.write('tty=%s cols=%d\\n' % (os.isatty(2), os.get_terminal_size(2).columns)); "
+            "sys.stderr.write('50%\\r'); sys.exit(4)")
+    p = subprocess.Popen([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    rc = p.wait()
+    text = got.decode(errors="replace")
+    # This terminal turns gilscan's "\n" into "\r\n" (its default output
+    # processing); gilscan's own pseudo-terminal must not do so first ("\r\r\n").
+    check(rc == 4 and text.startswith("tty=True cols=77\r\n50%\r") and "perf record:" not in text,
+          f"record -q on a terminal: the program's stderr a terminal of the same size, bytes as written, "
+          f"perf's lines left out ({rc}, {text!r})")
     r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", "", "--", py, "-c", "1"], capture_output=True, text=True)
     check(r.returncode == 0 and "[ perf record: Captured and wrote" in r.stderr, f"record without -q: perf's lines ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-q", "-o", "/nonexistent/r.data", "--", py, "-c", "1"], capture_output=True, text=True)
