@@ -56,8 +56,9 @@ int paranoid_level() {
 // Whatever cannot begin such a line passes at once, so that a progress
 // line the program ends with '\r' is not held back.
 //
-// Until perf (pid; its wait status into status) has exited and the pipe
-// has nothing more: a process the program left running may hold the pipe
+// Until perf (pid; its wait status into status) has exited and fd has
+// nothing more (a pipe's end of file, a pseudo-terminal's EIO once every
+// writer has closed it): a process the program left running may hold it
 // open for as long as it lives, and is not waited for.
 void filter_perf_lines(int fd, pid_t pid, int& status) {
     constexpr std::string_view kPerf = "[ perf record:";
@@ -154,7 +155,7 @@ constexpr const char* kUsage =
     "  --trace FILE    the Chrome trace to write (default trace.json)\n"
     "  --no-analyse    only record\n"
     "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay;\n"
-    "                  the program's stderr then passes through that filter)\n";
+    "                  the program's stderr then passes through that filter, still a terminal if ours is)\n";
 
 }  // namespace
 
@@ -268,13 +269,13 @@ RecordResult record_main(int argc, char** argv) {
     }
     // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
     // are not (perf's -q would hide those too): perf's stderr becomes a pipe
-    // (a pseudo-terminal when ours is a terminal) read here. The program, which perf starts with perf's descriptors,
-    // writes there too. (Not wrapped to get the real stderr back: the
-    // wrapper's exec would be in the recording, and with it in the test
-    // suite's environment perf script unwound the program's stacks no
-    // further than one frame.)
-    int err_pipe[2] = {-1, -1};
-    if (r.quiet) open_stderr_relay(err_pipe);
+    // or a pseudo-terminal read here (open_stderr_relay). The program, which
+    // perf starts with perf's descriptors, writes there too. (Not wrapped to
+    // get the real stderr back: the wrapper's exec would be in the
+    // recording, and with it in the test suite's environment perf script
+    // unwound the program's stacks no further than one frame.)
+    int err_relay[2] = {-1, -1};
+    if (r.quiet) open_stderr_relay(err_relay);
     std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
@@ -290,7 +291,7 @@ RecordResult record_main(int argc, char** argv) {
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
         // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copy.
-        if (r.quiet && ::dup2(err_pipe[1], STDERR_FILENO) < 0) ::_exit(127);
+        if (r.quiet && ::dup2(err_relay[1], STDERR_FILENO) < 0) ::_exit(127);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);
@@ -302,9 +303,9 @@ RecordResult record_main(int argc, char** argv) {
     ::sigaction(SIGTERM, &sa, nullptr);
     int status = 0;
     if (r.quiet) {
-        ::close(err_pipe[1]);
-        filter_perf_lines(err_pipe[0], pid, status);
-        ::close(err_pipe[0]);
+        ::close(err_relay[1]);
+        filter_perf_lines(err_relay[0], pid, status);
+        ::close(err_relay[0]);
     } else {
         while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     }
