@@ -25,10 +25,13 @@ namespace gilscan {
 namespace {
 
 volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_resized = 0;
 
 void forward_signal(int sig) {
     if (g_child > 0) ::kill(g_child, sig);
 }
+
+void note_resize(int) { g_resized = 1; }
 
 bool on_path(const std::string& cmd) {
     const char* path = std::getenv("PATH");
@@ -60,7 +63,15 @@ int paranoid_level() {
 // nothing more (a pipe's end of file, a pseudo-terminal's EIO once every
 // writer has closed it): a process the program left running may hold it
 // open for as long as it lives, and is not waited for.
-void filter_perf_lines(int fd, pid_t pid, int& status) {
+//
+// pty: fd is a pseudo-terminal's master standing in for our stderr's
+// terminal. When that terminal is resized (SIGWINCH, which interrupts the
+// poll below) the new size is copied to the pseudo-terminal, where the
+// program reads it (os.get_terminal_size(2), a progress bar's width) the
+// next time it asks: perf record starts the program with SIGWINCH blocked
+// (perf 6.1), so it is not told. Setting the size on a pseudo-terminal that
+// is nobody's controlling terminal signals no one.
+void filter_perf_lines(int fd, pid_t pid, int& status, bool pty) {
     constexpr std::string_view kPerf = "[ perf record:";
     std::string pending;
     char buf[4096];
@@ -75,6 +86,11 @@ void filter_perf_lines(int fd, pid_t pid, int& status) {
     auto perfs = [&](std::string_view line) { return line.substr(0, kPerf.size()) == kPerf; };
     bool exited = false;
     for (;;) {
+        if (pty && g_resized) {
+            g_resized = 0;
+            winsize ws{};
+            if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0) ::ioctl(fd, TIOCSWINSZ, &ws);
+        }
         pollfd p{fd, POLLIN, 0};
         const int ready = ::poll(&p, 1, exited ? 0 : 100);
         if (ready < 0 && errno == EINTR) continue;  // Ctrl-C, forwarded to perf
@@ -116,7 +132,8 @@ void filter_perf_lines(int fd, pid_t pid, int& status) {
 // bars, colours: isatty(2)); its output processing is off, so the bytes
 // come through as written ("\n" not turned into "\r\n"). Otherwise, or if
 // no pty can be had, a pipe, as our stderr is not a terminal either.
-void open_stderr_relay(int fds[2]) {
+// True for a pseudo-terminal.
+bool open_stderr_relay(int fds[2]) {
     if (::isatty(STDERR_FILENO)) {
         const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
         if (master >= 0 && ::grantpt(master) == 0 && ::unlockpt(master) == 0) {
@@ -130,7 +147,7 @@ void open_stderr_relay(int fds[2]) {
                     (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ::ioctl(slave, TIOCSWINSZ, &ws) == 0)) {
                     fds[0] = master;
                     fds[1] = slave;
-                    return;
+                    return true;
                 }
             }
             if (slave >= 0) ::close(slave);
@@ -138,6 +155,7 @@ void open_stderr_relay(int fds[2]) {
         if (master >= 0) ::close(master);
     }
     if (::pipe2(fds, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    return false;
 }
 
 constexpr const char* kUsage =
@@ -275,7 +293,7 @@ RecordResult record_main(int argc, char** argv) {
     // recording, and with it in the test suite's environment perf script
     // unwound the program's stacks no further than one frame.)
     int err_relay[2] = {-1, -1};
-    if (r.quiet) open_stderr_relay(err_relay);
+    const bool relay_pty = r.quiet && open_stderr_relay(err_relay);
     std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
@@ -301,10 +319,16 @@ RecordResult record_main(int argc, char** argv) {
     sa.sa_handler = forward_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
+    if (relay_pty) {
+        struct sigaction wa {};
+        wa.sa_handler = note_resize;  // no SA_RESTART: the filter's poll returns at once
+        ::sigaction(SIGWINCH, &wa, nullptr);
+        g_resized = 1;  // a resize between the relay's opening and here
+    }
     int status = 0;
     if (r.quiet) {
         ::close(err_relay[1]);
-        filter_perf_lines(err_relay[0], pid, status);
+        filter_perf_lines(err_relay[0], pid, status, relay_pty);
         ::close(err_relay[0]);
     } else {
         while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
@@ -312,6 +336,7 @@ RecordResult record_main(int argc, char** argv) {
     g_child = 0;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    if (relay_pty) signal(SIGWINCH, SIG_DFL);
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::error_code ec;
     r.analyse = analyse && std::filesystem::file_size(r.data_file, ec) > 0 && !ec;

@@ -91,6 +91,40 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rc == 4 and text.startswith("tty=True cols=77\r\n50%\r") and "perf record:" not in text,
           f"record -q on a terminal: the program's stderr a terminal of the same size, bytes as written, "
           f"perf's lines left out ({rc}, {text!r})")
+    # A resize of that terminal reaches the program's: gilscan runs with the
+    # terminal as its controlling one (its own session, as under a shell), and
+    # copies the size on the SIGWINCH of a resize; the program waits for its
+    # stderr's size to change and prints it. (perf record starts the program
+    # with SIGWINCH blocked, so the program asks instead of being told.)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 77, 0, 0))
+    prog = ("import os, sys, time\n"
+            "sys.stderr.write('cols=%d\\n' % os.get_terminal_size(2).columns); sys.stderr.flush()\n"
+            "end = time.time() + 20\n"
+            "while os.get_terminal_size(2).columns == 77 and time.time() < end: time.sleep(0.01)\n"
+            "sz = os.get_terminal_size(2)\n"
+            "sys.stderr.write('now cols=%d rows=%d\\n' % (sz.columns, sz.lines)); sys.exit(5)\n")
+    p = subprocess.Popen([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True,
+                         preexec_fn=lambda: fcntl.ioctl(2, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    got, resized = b"", False
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        got += chunk
+        if not resized and b"cols=77\r\n" in got:
+            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 101, 0, 0))
+            resized = True
+    os.close(master)
+    rc = p.wait()
+    text = got.decode(errors="replace")
+    check(rc == 5 and "now cols=101 rows=40" in text and "perf record:" not in text,
+          f"record -q on a terminal: a resize reaches the program's stderr ({rc}, {text!r})")
     r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", "", "--", py, "-c", "1"], capture_output=True, text=True)
     check(r.returncode == 0 and "[ perf record: Captured and wrote" in r.stderr, f"record without -q: perf's lines ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-q", "-o", "/nonexistent/r.data", "--", py, "-c", "1"], capture_output=True, text=True)
