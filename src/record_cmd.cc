@@ -33,6 +33,13 @@ void forward_signal(int sig) {
 
 void note_resize(int) { g_resized = 1; }
 
+// Our stderr's window size onto the pseudo-terminal pty (either end).
+// True when it was set, or when our stderr has none to give.
+bool copy_window_size(int pty) {
+    winsize ws{};
+    return ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ::ioctl(pty, TIOCSWINSZ, &ws) == 0;
+}
+
 bool on_path(const std::string& cmd) {
     const char* path = std::getenv("PATH");
     std::string p = path ? path : "";
@@ -88,8 +95,7 @@ void filter_perf_lines(int fd, pid_t pid, int& status, bool pty) {
     for (;;) {
         if (pty && g_resized) {
             g_resized = 0;
-            winsize ws{};
-            if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0) ::ioctl(fd, TIOCSWINSZ, &ws);
+            copy_window_size(fd);
         }
         pollfd p{fd, POLLIN, 0};
         const int ready = ::poll(&p, 1, exited ? 0 : 100);
@@ -142,9 +148,7 @@ bool open_stderr_relay(int fds[2]) {
             termios t{};
             if (slave >= 0 && ::tcgetattr(STDERR_FILENO, &t) == 0) {
                 t.c_oflag &= ~static_cast<tcflag_t>(OPOST);
-                winsize ws{};
-                if (::tcsetattr(slave, TCSANOW, &t) == 0 &&
-                    (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ::ioctl(slave, TIOCSWINSZ, &ws) == 0)) {
+                if (::tcsetattr(slave, TCSANOW, &t) == 0 && copy_window_size(slave)) {
                     fds[0] = master;
                     fds[1] = slave;
                     return true;
