@@ -22,6 +22,25 @@ import termios
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklib import check, done  # noqa: E402
 
+
+def read_terminal(master, on_read=None):
+    """All a pseudo-terminal's master gives until every writer has closed
+    the terminal (EIO), decoded; on_read(bytes so far) after each read."""
+    got = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO
+            break
+        if not chunk:
+            break
+        got += chunk
+        if on_read:
+            on_read(got)
+    os.close(master)
+    return got.decode(errors="replace")
+
+
 GILSCAN, WORKLOAD = sys.argv[1], sys.argv[2]
 PYTHONS = [f"/root/.pyenv/versions/{v}/bin/python3" for v in
            ("3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")]
@@ -74,18 +93,8 @@ with tempfile.TemporaryDirectory() as tmp:
     p = subprocess.Popen([GILSCAN, "record", "-q", "-o", data, "--trace", "", "--", py, "-c", prog],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
-    got = b""
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: every writer closed the terminal
-            break
-        if not chunk:
-            break
-        got += chunk
-    os.close(master)
+    text = read_terminal(master)
     rc = p.wait()
-    text = got.decode(errors="replace")
     # This terminal turns gilscan's "\n" into "\r\n" (its default output
     # processing); gilscan's own pseudo-terminal must not do so first ("\r\r\n").
     check(rc == 4 and text.startswith("tty=True cols=77\r\n50%\r") and "perf record:" not in text,
@@ -108,21 +117,14 @@ with tempfile.TemporaryDirectory() as tmp:
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True,
                          preexec_fn=lambda: fcntl.ioctl(2, termios.TIOCSCTTY, 0))
     os.close(slave)
-    got, resized = b"", False
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        got += chunk
+    resized = []
+
+    def resize_once(got):
         if not resized and b"cols=77\r\n" in got:
             fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 101, 0, 0))
-            resized = True
-    os.close(master)
+            resized.append(True)
+    text = read_terminal(master, resize_once)
     rc = p.wait()
-    text = got.decode(errors="replace")
     check(rc == 5 and "now cols=101 rows=40" in text and "perf record:" not in text,
           f"record -q on a terminal: a resize reaches the program's stderr ({rc}, {text!r})")
     r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", "", "--", py, "-c", "1"], capture_output=True, text=True)
