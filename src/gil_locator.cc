@@ -398,8 +398,19 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
         return true;
     });
     if (takes.empty()) {
-        loc.notes.push_back("take_gil not found: no function reached from the exported GIL callers waits on a "
-                            "condition variable with a timeout");
+        // Python 2's GIL is a plain lock (ceval.c's interpreter_lock, a
+        // semaphore taken by PyThread_acquire_lock, as every threading.Lock
+        // is): there is no take_gil to find, and "not found" would read as
+        // a failure to look. PyString_FromString is exported by Python 2
+        // only (Python 3 has PyBytes/PyUnicode).
+        if (!roots_of(elf, {"PyString_FromString"}).empty())
+            loc.notes.push_back("Python 2: its GIL is a plain lock (interpreter_lock, taken by PyThread_acquire_lock "
+                                "like any threading.Lock), with no take_gil to probe; gilscan finds the GIL of "
+                                "Python 3 only. Record the scheduler tracepoints without the GIL uprobes "
+                                "(gilscan record --state) for the threads' timeline");
+        else
+            loc.notes.push_back("take_gil not found: no function reached from the exported GIL callers waits on a "
+                                "condition variable with a timeout");
         return loc;
     }
     const Found& t = takes.front();

@@ -141,6 +141,33 @@ TEST_CASE("not a CPython: a clear note, no guess") {
     CHECK_THROWS_AS(ElfFile("/etc/hostname"), Error);
 }
 
+TEST_CASE("Python 2 (pyenv 2.7.18): said to have no take_gil, not \"not found\"") {
+    // Its GIL is a plain lock taken by PyThread_acquire_lock; the search
+    // from the exported callers must come back empty, and say why.
+    const std::string lib = "/root/.pyenv/versions/2.7.18/lib/libpython2.7.so.1.0";
+    REQUIRE(fs::exists(lib));
+    ElfFile elf(lib);
+    for (bool symtab : {true, false}) {
+        LocateOptions opt;
+        opt.use_symtab = symtab;
+        GilLocation loc = locate_gil(elf, opt);
+        CHECK(loc.take.empty());
+        REQUIRE_FALSE(loc.notes.empty());
+        CHECK(loc.notes.back().rfind("Python 2: its GIL is a plain lock", 0) == 0);
+    }
+    try {
+        plan_probes(lib);
+        FAIL("plan_probes accepted Python 2");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("Python 2: its GIL is a plain lock") != std::string::npos);
+    }
+    // No Python 3 gets that note.
+    for (const auto& p : pyenv_libpythons()) {
+        ElfFile e3(p);
+        for (const auto& n : locate_gil(e3).notes) CHECK_MESSAGE(n.find("Python 2") == std::string::npos, p);
+    }
+}
+
 TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
     std::string tracefs;
     REQUIRE_NOTHROW(tracefs = tracefs_dir(true));  // tests run as root on this machine kind
