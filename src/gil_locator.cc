@@ -405,9 +405,9 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
         // only (Python 3 has PyBytes/PyUnicode).
         if (!roots_of(elf, {"PyString_FromString"}).empty())
             loc.notes.push_back("Python 2: its GIL is a plain lock (interpreter_lock, taken by PyThread_acquire_lock "
-                                "like any threading.Lock), with no take_gil to probe; gilscan finds the GIL of "
-                                "Python 3 only. Record the scheduler tracepoints without the GIL uprobes "
-                                "(gilscan record --state) for the threads' timeline");
+                                "like any threading.Lock), with no take_gil to probe. Record stacks instead of the "
+                                "GIL uprobes (gilscan record --state --stacks): gilscan tells its GIL waits from "
+                                "the caller of PyThread_acquire_lock");
         else
             loc.notes.push_back("take_gil not found: no function reached from the exported GIL callers waits on a "
                                 "condition variable with a timeout");

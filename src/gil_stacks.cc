@@ -346,6 +346,11 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     const unsigned frames_kept = stack_frames_;
     bool seeking_function = false;
     bool cut = false;  // the answer's frames ran out undecided: "complete", as the unwinder says at its max
+    const AddrRange* py2_lock = nullptr;  // the frame before was Python 2's PyThread_acquire_lock
+    uint64_t py2_lock_offset = 0;
+    unsigned py2_depth = 0;
+    const Module* py2_module = nullptr;
+    std::string_view py2_file;
     // The user frames are named after the unwind, and only for a stack not
     // seen before (StackTexts): the text is a function of the layout and the
     // frames' addresses.
@@ -353,13 +358,37 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     auto on_frame = [&](const Frame& f) {
         // An unmapped pc is where unwinding ran off the copied stack.
         if (f.depth < frames_kept && f.mapping) frames_.push_back(f);
-        if (decided) {
+        if (py2_lock) {
+            // The frame above Python 2's PyThread_acquire_lock: a GIL taker
+            // of the same libpython makes the wait a GIL wait; anything else
+            // (lock_PyThread_acquire_lock: a threading.Lock) a plain sleep.
+            decided = true;
+            const AddrRange* c = f.module == py2_module ? f.module->in_py2_gil_caller(f.vaddr) : nullptr;
+            if (c) {
+                label.name = "S(GIL)";
+                if (label.text) {
+                    frame_evidence(label.evidence_built, py2_lock->name, py2_lock_offset, py2_file, py2_depth);
+                    label.evidence_built += " called from ";
+                    label.evidence_built += c->name;
+                }
+                label.gil = true;
+                ++stats_.gil;
+                ++stats_.py2_gil;
+            }
+            py2_lock = nullptr;
+        } else if (decided) {
             if (seeking_function && (in_jit_code(f) || in_injected_jit(f))) {
                 seeking_function = false;
                 name_gil_function(*as, f, label);
             }
         } else if (f.depth < kAnswerFrames) {
-            if (f.module && f.module->python) {
+            if (f.module && f.module->python && !f.module->py2_lock.empty() && f.module->in_py2_lock(f.vaddr)) {
+                py2_lock = f.module->in_py2_lock(f.vaddr);  // decided by the next frame (kAnswerFrames + 1 at most)
+                py2_lock_offset = f.vaddr - py2_lock->begin;
+                py2_depth = f.depth;
+                py2_module = f.module;
+                py2_file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
+            } else if (f.module && f.module->python) {
                 decided = true;
                 const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
                 // The evidence text only where it is read (label.text: a trace is
@@ -381,12 +410,12 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
             }
         }
         // On for the answer, the frames kept, or the function sought.
-        const bool on = (!decided && !cut) || f.depth + 1 < frames_kept || seeking_function;
+        const bool on = (!decided && !cut) || py2_lock || f.depth + 1 < frames_kept || seeking_function;
         return on ? FrameAction::Continue : FrameAction::Stop;
     };
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
-    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), std::max(frames_kept, kAnswerFrames));
+    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), std::max(frames_kept, kAnswerFrames + 1));
     if (cut) st = UnwindStatus::Complete;
     if (stack_frames_) {
         // The stack's key: its layout, how many kernel frames, their

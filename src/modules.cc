@@ -1,5 +1,6 @@
 #include "gilscan/modules.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -32,6 +33,18 @@ const AddrRange* Module::in_take(uint64_t v) const {
 
 const AddrRange* Module::in_drop(uint64_t v) const {
     for (const auto& r : drop)
+        if (v >= r.begin && v < r.end) return &r;
+    return nullptr;
+}
+
+const AddrRange* Module::in_py2_lock(uint64_t v) const {
+    for (const auto& r : py2_lock)
+        if (v >= r.begin && v < r.end) return &r;
+    return nullptr;
+}
+
+const AddrRange* Module::in_py2_gil_caller(uint64_t v) const {
+    for (const auto& r : py2_gil_callers)
         if (v >= r.begin && v < r.end) return &r;
     return nullptr;
 }
@@ -94,6 +107,27 @@ void add_ranges(Module& mod, const std::string& symfs) {
             mod.symbols_from = dbg->path();
             return;
         }
+    }
+    // Python 2 (PyString_FromString is exported by Python 2 only): no
+    // take_gil anywhere, so no locator search. The functions are exported,
+    // so their extents are in .dynsym even when stripped; .symtab, when
+    // there, adds .cold parts.
+    const bool py2 = std::any_of(elf.symbols().begin(), elf.symbols().end(), [](const ElfSymbol& s) {
+        return s.dynamic && s.defined && s.name == "PyString_FromString";
+    });
+    if (py2) {
+        for (const auto& s : elf.symbols()) {
+            if (!s.defined || s.type != STT_FUNC || !s.value || !s.size) continue;
+            std::string_view base = symbol_base_name(s.name);
+            if (base == "PyThread_acquire_lock") mod.py2_lock.push_back({s.value, s.value + s.size, std::string(base)});
+            // Every function of ceval.c that takes interpreter_lock
+            // (InitThreads creating it and ReInitThreads after a fork never
+            // wait for it, but take it all the same).
+            if (base == "PyEval_EvalFrameEx" || base == "PyEval_RestoreThread" || base == "PyEval_AcquireThread" ||
+                base == "PyEval_AcquireLock" || base == "PyEval_InitThreads" || base == "PyEval_ReInitThreads")
+                mod.py2_gil_callers.push_back({s.value, s.value + s.size, std::string(base)});
+        }
+        return;
     }
     // Stripped: the locator's answer, inlined copies included.
     GilLocation loc = locate_gil(elf);

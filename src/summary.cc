@@ -225,7 +225,9 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
                      p.pid, which, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
     }
     if (fs.gil_sleep_known)
-        std::fprintf(out, "S(GIL)%% = sleeping inside take_gil, from %s", fs.gil_sleep_source.c_str());
+        std::fprintf(out, "S(GIL)%% = sleeping inside take_gil%s, from %s",
+                     fs.stack_stats.py2_gil ? " (Python 2: in PyThread_acquire_lock called by the GIL's takers)" : "",
+                     fs.gil_sleep_source.c_str());
     if (fs.gil_sleep_known && fs.gil_sleep_source == "stacks")
         std::fprintf(out, ": %llu sleep stacks unwound to a CPython frame, %llu not (stopped early %llu, failed %llu)",
                      static_cast<unsigned long long>(fs.stack_stats.decided),

@@ -97,6 +97,18 @@ with tempfile.TemporaryDirectory() as tmp:
     check(s["gil_sleep_source"] == "stacks" and s["stacks"]["decided"] == s["stacks"]["sleeps_seen"] > 0,
           "every sleep stack unwound to a CPython frame")
     check(any(t["gil_sleep_us"] for t in s["threads"]), "gil_sleep_us filled from stacks")
+    check("Python 2" not in run(os.path.join(DATA, "stacks_py311.data")).stdout, "no Python 2 note on Python 3")
+    # Python 2: no take_gil; the GIL is PyThread_acquire_lock called by ceval.c's GIL takers
+    r = run(os.path.join(DATA, "stacks_py27.data"), "-o", trace, "--sleep-stacks", "8")
+    ev = json.load(open(trace))["traceEvents"]
+    gil = [e for e in ev if e["name"] == "S(GIL)"]
+    lock = [e for e in ev if e["name"] == "S" and any("lock_PyThread_acquire_lock" in f for f in e["args"].get("stack", []))]
+    check(r.returncode == 0 and len(gil) > 50 and all(" called from PyEval_" in e["args"]["evidence"] and
+          e["args"]["evidence"].startswith("PyThread_acquire_lock+") for e in gil),
+          f"Python 2: S(GIL) with PyThread_acquire_lock and its GIL-taking caller as evidence ({len(gil)} spans)")
+    check(lock, "Python 2: a threading.Lock's wait (lock_PyThread_acquire_lock) stays S")
+    check("(Python 2: in PyThread_acquire_lock called by the GIL's takers)" in r.stdout,
+          f"Python 2: the summary says what S(GIL) means there ({r.stdout[-300:]})")
     r = run(os.path.join(DATA, "gil_combined.data"), "--gil-evidence", "stacks", "--summary-json", summ, "-q")
     check(r.returncode == 0 and json.load(open(summ))["gil_sleep_source"] is None,
           "--gil-evidence stacks on a recording without stacks labels nothing")

@@ -70,6 +70,10 @@ TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 3.13") { check_against_trut
 TEST_CASE("S(GIL) from stacks vs uprobe truth: through the pyenv shim (bash that execs)") { check_against_truth("shim"); }
 TEST_CASE("S(GIL) from stacks vs uprobe truth: pipe mode") { check_against_truth("pipe"); }
 TEST_CASE("S(GIL) from stacks vs uprobe truth: zstd") { check_against_truth("zstd"); }
+// Python 2: no take_gil; PyThread_acquire_lock called from ceval.c's GIL
+// takers (truth: uprobes on those call sites and where they return), with
+// threading.Lock waits in the same function beside them.
+TEST_CASE("S(GIL) from stacks vs uprobe truth: pyenv 2.7") { check_against_truth("py27"); }
 TEST_CASE("S(GIL) from stacks vs uprobe truth: Debian's stripped python3.11") { check_against_truth("debian"); }
 
 TEST_CASE("a missing binary is reported once and leaves the sleep plain S") {

@@ -214,8 +214,10 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     // (each thread reads it at the first such frame it meets);
     // stacks_py313_perfjit: -X perf_jit's named from its jitdump and unwound
     // through by the dump's CFI (each thread's unwinder reads it too).
+    // stacks_py27: Python 2, a GIL wait decided by the frame above
+    // PyThread_acquire_lock, one past the frame that would decide on 3.x.
     for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "gil_subinterp", "mixed_callgraph",
-                                   "gil_stacks", "stacks_py312_perfmap", "stacks_py313_perfjit"}) {
+                                   "gil_stacks", "stacks_py312_perfmap", "stacks_py313_perfjit", "stacks_py27"}) {
         const bool no_stacks = name == "gil_combined" || name == "gil_subinterp";
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;

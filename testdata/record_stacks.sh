@@ -74,6 +74,54 @@ jitdump() {  # name python [python args...]
     echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
 }
 
+# Python 2 has no take_gil: its GIL is interpreter_lock, taken by
+# PyThread_acquire_lock as every threading.Lock is. The truth there is a
+# uprobe on each call of PyThread_acquire_lock in ceval.c's GIL takers and
+# one on the instruction after it (where the call returns), found with
+# objdump: named take_gil_N / take_gil_N__return so that stack_truth.py
+# reads them as it reads take_gil's entry and return.
+py2() {  # name python
+    local name=$1 py=$2
+    [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
+    local EV=(-e 'sched:sched_switch/call-graph=dwarf,stack-size=2048/' -e sched:sched_waking -e sched:sched_wakeup)
+    local lib tracefs=/sys/kernel/tracing group=gil_py2_truth n=0 call ret
+    lib=$(readlink -f "$(dirname "$py")/../lib/libpython2.7.so.1.0")
+    [ -d $tracefs/events ] || tracefs=/sys/kernel/debug/tracing
+    # File offsets: the text segment's p_vaddr - p_offset, from readelf.
+    local off vaddr delta
+    read -r off vaddr < <(readelf -lW "$lib" | awk '$1 == "LOAD" && / E +0x/ {print $2, $3; exit}')
+    delta=$((vaddr - off))
+    unprobe() {  # the group's probes, one by one (uprobe_events takes no wildcard)
+        local e
+        for e in $(sed -n "s|^p:$group/\([^ ]*\) .*|\1|p" $tracefs/uprobe_events); do
+            echo "-:$group/$e" >> $tracefs/uprobe_events
+        done
+    }
+    unprobe
+    while read -r call ret; do
+        printf 'p:%s/take_gil_%d %s:0x%x\n' $group $n "$lib" $((0x$call - delta)) >> $tracefs/uprobe_events
+        printf 'p:%s/take_gil_%d__return %s:0x%x\n' $group $n "$lib" $((0x$ret - delta)) >> $tracefs/uprobe_events
+        n=$((n + 1))
+    done < <(for f in PyEval_EvalFrameEx PyEval_RestoreThread PyEval_AcquireThread PyEval_InitThreads PyEval_ReInitThreads; do
+                 objdump -d --no-show-raw-insn --disassemble=$f "$lib" | grep -A1 'call.*<PyThread_acquire_lock@plt>' |
+                     awk '{sub(":", "", $1); printf "%s ", $1} END {print ""}'
+             done | xargs -n2)
+    echo "$name: $n call sites of PyThread_acquire_lock in the GIL takers"
+    perf record -q -a -k CLOCK_MONOTONIC -e "$group:*" -o "/tmp/$name.truth.data" 2>/dev/null &
+    local truth=$!
+    sleep 1
+    # Python 2's threads switch every 100 bytecodes: a fifth of the others'
+    # duration makes a file of about their size.
+    perf record -q -k CLOCK_MONOTONIC "${EV[@]}" -o "stacks_$name.data" -- "$py" workload2.py \
+        "$(python3 -c "print($DUR / 5)")" 2>/dev/null
+    sleep 0.5
+    kill -INT $truth; wait $truth || true
+    unprobe
+    python3 ../test/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
+    chmod 644 "stacks_$name.data"
+    echo "$name: $(python3 -c "import json; d=json.load(open('stacks_$name.truth.json')); print(len(d['sleeps']), 'sleeps,', d['gil_waits'], 'GIL waits')")"
+}
+
 P=/root/.pyenv/versions
 one py39 $P/3.9.18/bin/python3 file
 one py311 $P/3.11.7/bin/python3 file
@@ -86,3 +134,4 @@ one zstd $P/3.11.7/bin/python3 zstd
 one debian /usr/bin/python3.11 file
 jit py312_perfmap $P/3.12.1/bin/python3 -X perf
 jitdump py313_perfjit $P/3.13.0/bin/python3 -X perf_jit
+py2 py27 $P/2.7.18/bin/python2.7

@@ -46,6 +46,7 @@ struct StackStats {
     uint64_t stopped_early = 0;   // unwinding stopped before a CPython frame
     uint64_t failed = 0;          // no frame beyond the first
     uint64_t gil = 0, handoff = 0;
+    uint64_t py2_gil = 0;         // of gil: Python 2's, PyThread_acquire_lock called by a GIL taker
     uint64_t from_reader = 0;     // of the decided and the rest: labels the reader thread made (-j 2; not reported)
     StackStats& operator+=(const StackStats& o) {
         sleeps_seen += o.sleeps_seen;
@@ -57,6 +58,7 @@ struct StackStats {
         failed += o.failed;
         gil += o.gil;
         handoff += o.handoff;
+        py2_gil += o.py2_gil;
         from_reader += o.from_reader;
         return *this;
     }
@@ -70,6 +72,7 @@ struct StackStats {
         failed -= o.failed;
         gil -= o.gil;
         handoff -= o.handoff;
+        py2_gil -= o.py2_gil;
         from_reader -= o.from_reader;
         return *this;
     }

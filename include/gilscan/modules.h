@@ -44,6 +44,12 @@ struct Module {
     std::unique_ptr<ElfFile> elf;
     bool python = false;    // exports the CPython GIL callers
     std::vector<AddrRange> take, drop;  // take_gil / drop_gil extents (clones, .cold parts, inlined copies)
+    // Python 2 has no take_gil: its GIL is a plain lock taken by
+    // PyThread_acquire_lock, as every threading.Lock is. A wait in it is a
+    // GIL wait when called from one of the interpreter's GIL takers
+    // (PyEval_EvalFrameEx's periodic switch, PyEval_RestoreThread,
+    // PyEval_AcquireThread, ...): the frame above decides.
+    std::vector<AddrRange> py2_lock, py2_gil_callers;
     std::string problem;    // why it cannot be used ("" if fine)
     std::string symbols_from;  // separate debug file / MiniDebugInfo the GIL extents came from
 
@@ -51,6 +57,8 @@ struct Module {
     std::optional<uint64_t> bias_for(const Mapping& m) const;
     const AddrRange* in_take(uint64_t vaddr) const;
     const AddrRange* in_drop(uint64_t vaddr) const;
+    const AddrRange* in_py2_lock(uint64_t vaddr) const;
+    const AddrRange* in_py2_gil_caller(uint64_t vaddr) const;
 };
 
 struct ModuleOptions {
