@@ -343,6 +343,8 @@ CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std:
     return out;
 }
 
+bool is_python2(const ElfFile& elf) { return !roots_of(elf, {"PyString_FromString"}).empty(); }
+
 GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
     GilLocation loc;
     loc.binary = elf.path();
@@ -401,9 +403,8 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
         // Python 2's GIL is a plain lock (ceval.c's interpreter_lock, a
         // semaphore taken by PyThread_acquire_lock, as every threading.Lock
         // is): there is no take_gil to find, and "not found" would read as
-        // a failure to look. PyString_FromString is exported by Python 2
-        // only (Python 3 has PyBytes/PyUnicode).
-        if (!roots_of(elf, {"PyString_FromString"}).empty())
+        // a failure to look.
+        if (is_python2(elf))
             loc.notes.push_back("Python 2: its GIL is a plain lock (interpreter_lock, taken by PyThread_acquire_lock "
                                 "like any threading.Lock), with no take_gil to probe. Record stacks instead of the "
                                 "GIL uprobes (gilscan record --state --stacks): gilscan tells its GIL waits from "

@@ -1,6 +1,5 @@
 #include "gilscan/modules.h"
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -108,14 +107,10 @@ void add_ranges(Module& mod, const std::string& symfs) {
             return;
         }
     }
-    // Python 2 (PyString_FromString is exported by Python 2 only): no
-    // take_gil anywhere, so no locator search. The functions are exported,
+    // Python 2: no take_gil anywhere, so no locator search. The functions are exported,
     // so their extents are in .dynsym even when stripped; .symtab, when
     // there, adds .cold parts.
-    const bool py2 = std::any_of(elf.symbols().begin(), elf.symbols().end(), [](const ElfSymbol& s) {
-        return s.dynamic && s.defined && s.name == "PyString_FromString";
-    });
-    if (py2) {
+    if (is_python2(elf)) {
         for (const auto& s : elf.symbols()) {
             if (!s.defined || s.type != STT_FUNC || !s.value || !s.size) continue;
             std::string_view base = symbol_base_name(s.name);

@@ -17,7 +17,9 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "gilscan/elf_file.h"
 #include "gilscan/error.h"
+#include "gilscan/gil_locator.h"
 #include "gilscan/probe.h"
 
 namespace gilscan {
@@ -250,7 +252,8 @@ RecordResult record_main(int argc, char** argv) {
                  "cuts short: leave out --gil");
         state = stacks = true;
     }
-    if (!gil && !state) gil = state = true;
+    const bool gil_by_default = !gil && !state;
+    if (gil_by_default) gil = state = true;
 
     // The problems users hit, one sentence each with the fix.
     if (!on_path("perf")) fail("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)");
@@ -263,15 +266,27 @@ RecordResult record_main(int argc, char** argv) {
     } catch (const Error& e) {
         fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
     }
-    std::string group;
+    std::string group, python;
     if (gil) {
-        std::string python;
         try {
             python = resolve_python_binary(command[0]);
         } catch (const Error& e) {
             fail("no Python found to place GIL probes on (" + std::string(e.what()) +
                  "); run a Python: gilscan record -- python3 script.py, or record without --gil");
         }
+        // Python 2 has no take_gil to probe; from stacks its GIL waits are
+        // told all the same (the caller of PyThread_acquire_lock). Asked for
+        // by default, not by --gil: record stacks instead, and say so.
+        if (gil_by_default && is_python2(ElfFile(python))) {
+            gil = false;
+            stacks = true;
+            if (!r.quiet)
+                std::fprintf(stderr, "gilscan: note: %s is Python 2, which has no take_gil to probe: recording "
+                             "stacks instead (--state --stacks), from which its GIL waits are told\n",
+                             python.c_str());
+        }
+    }
+    if (gil) {
         ProbePlan plan = plan_probes(python);
         install_probes(plan, tracefs);
         group = plan.group;

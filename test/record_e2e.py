@@ -176,6 +176,25 @@ with tempfile.TemporaryDirectory() as tmp:
           f"a non-Python program with --gil: one sentence ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record"], capture_output=True, text=True)
     check(r.returncode != 0 and "no program to record" in r.stderr, "no program")
+
+    # Python 2 has no take_gil: by default record takes stacks instead of the
+    # GIL uprobes (and says so), from which its GIL waits are told; --gil
+    # asked for is refused with the reason.
+    py2 = "/root/.pyenv/versions/2.7.18/bin/python2.7"
+    workload2 = os.path.join(os.path.dirname(WORKLOAD), "workload2.py")
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--trace", trace, "--summary-json", summ, "--", py2, workload2,
+                        "0.1"], capture_output=True, text=True)
+    check(r.returncode == 0 and "is Python 2, which has no take_gil to probe: recording stacks instead" in r.stderr,
+          f"Python 2: record by default takes stacks instead of uprobes, with a note ({r.stderr[-500:]})")
+    if r.returncode == 0:
+        s = json.load(open(summ))
+        check(s["gil_sleep_source"] == "stacks" and sum(t["gil_sleep_count"] for t in s["threads"]) > 50,
+              f"Python 2: S(GIL) sleeps from stacks ({sum(t['gil_sleep_count'] for t in s['threads'])})")
+        check("(Python 2: in PyThread_acquire_lock called by the GIL's takers)" in r.stdout,
+              "Python 2: the table's footnote says what S(GIL) is there")
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--gil", "--", py2, "-c", "pass"], capture_output=True, text=True)
+    check(r.returncode != 0 and "Python 2: its GIL is a plain lock" in r.stderr and "--state --stacks" in r.stderr,
+          f"Python 2 with --gil: refused, with the way around it ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--state", "--trace", trace, "--", "/bin/sh", "-c", "exit 5"],
                        capture_output=True, text=True)
     check(r.returncode == 5, f"the program's exit status is gilscan's ({r.returncode})")

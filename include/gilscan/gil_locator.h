@@ -52,6 +52,10 @@ struct LocateOptions {
 
 GilLocation locate_gil(const ElfFile& elf, LocateOptions opt = {});
 
+// A Python 2 libpython (or static python2): it exports PyString_FromString,
+// which Python 3 has not. Its GIL is a plain lock, with no take_gil.
+bool is_python2(const ElfFile& elf);
+
 // PLT stub address -> imported function name (from .rela.plt and the stubs).
 std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf);
 
