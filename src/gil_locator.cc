@@ -323,6 +323,13 @@ CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std:
     size_t n = cs.disasm(code, start, &insn);
     for (size_t i = 0; i < n; ++i) {
         const bool call = insn[i].id == X86_INS_CALL, jmp = insn[i].id == X86_INS_JMP;
+        if (!call && !jmp && insn[i].detail) {  // a conditional jump: only where it may land
+            const cs_detail& d = *insn[i].detail;
+            if (std::find(d.groups, d.groups + d.groups_count, CS_GRP_JUMP) != d.groups + d.groups_count &&
+                d.x86.op_count == 1 && d.x86.operands[0].type == X86_OP_IMM)
+                out.branch_targets.push_back(static_cast<uint64_t>(d.x86.operands[0].imm));
+            continue;
+        }
         if ((!call && !jmp) || !insn[i].detail || insn[i].detail->x86.op_count != 1) continue;
         const cs_x86_op& op = insn[i].detail->x86.operands[0];
         uint64_t target = 0;
@@ -331,17 +338,24 @@ CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std:
         } else {
             continue;  // indirect: not followed
         }
-        if (jmp && target >= start && target < end) continue;  // a branch inside the function
+        if (jmp && target >= start && target < end) {  // a branch inside the function
+            out.branch_targets.push_back(target);
+            continue;
+        }
         auto p = plt.find(target);
         if (p != plt.end()) {
             out.imports.push_back(p->second);
         } else {
             out.targets.push_back(target);
         }
+        out.sites.push_back({insn[i].address, insn[i].address + insn[i].size, jmp, target,
+                             p != plt.end() ? p->second : std::string()});
     }
     if (n) cs.free(insn, n);
     return out;
 }
+
+bool capstone_available() { return capstone_lib().open != nullptr; }
 
 bool is_python2(const ElfFile& elf) { return !roots_of(elf, {"PyString_FromString"}).empty(); }
 
@@ -406,9 +420,8 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
         // a failure to look.
         if (is_python2(elf))
             loc.notes.push_back("Python 2: its GIL is a plain lock (interpreter_lock, taken by PyThread_acquire_lock "
-                                "like any threading.Lock), with no take_gil to probe. Record stacks instead of the "
-                                "GIL uprobes (gilscan record --state --stacks): gilscan tells its GIL waits from "
-                                "the caller of PyThread_acquire_lock");
+                                "like any threading.Lock), with no take_gil; its takes and drops are the calls of "
+                                "the lock functions in ceval.c (py2_gil.h)");
         else
             loc.notes.push_back("take_gil not found: no function reached from the exported GIL callers waits on a "
                                 "condition variable with a timeout");

@@ -1,5 +1,6 @@
 #include "gilscan/probe.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include "gilscan/gil_arg.h"
+#include "gilscan/gil_locator.h"
+#include "gilscan/py2_gil.h"
 
 namespace gilscan {
 
@@ -124,12 +127,71 @@ std::string default_probe_group(const std::string& binary) {
     return g.substr(0, 48);
 }
 
+namespace {
+
+// Python 2 (py2_gil.h): the calls of PyThread_acquire_lock and
+// PyThread_release_lock in ceval.c's GIL functions, each probed where it is
+// made and where it returns, named as take_gil / drop_gil probes are, so
+// that the analysis reads them alike.
+void plan_python2(const ElfFile& elf, ProbePlan& plan) {
+    const auto sites = python2_gil_sites(elf);
+    const auto takes = std::count_if(sites.begin(), sites.end(), [](const Py2GilSite& s) { return s.take; });
+    if (takes == 0)
+        throw Error(plan.binary, Error::no_offset,
+                    "Python 2: no call of PyThread_acquire_lock found in ceval.c's GIL functions" +
+                        std::string(capstone_available() ? "" : " (install the capstone library)") +
+                        "; record stacks instead (gilscan record --state --stacks)");
+    plan.loc.notes.clear();
+    plan.loc.notes.push_back("Python 2: no take_gil; its GIL (interpreter_lock) is taken and dropped by the calls of "
+                             "PyThread_acquire_lock / PyThread_release_lock in ceval.c's GIL functions, each probed "
+                             "where it is made and where it returns (not a uretprobe: stacks stay whole). It "
+                             "switches every 100 bytecodes: four probe hits per switch slow a busy program, and "
+                             "their time shows as time without the GIL; stacks (--state --stacks) cost far less");
+    unsigned n[2] = {0, 0};
+    for (const auto& s : sites) {
+        const char* base = s.take ? "take_gil" : "drop_gil";
+        unsigned& i = n[s.take];
+        const std::string ev = i == 0 ? base : std::string(base) + "_" + std::to_string(i);
+        ++i;
+        auto off = elf.vaddr_to_offset(s.at);
+        auto next = s.next ? elf.vaddr_to_offset(s.next) : off;
+        if (!off || !next) throw Error(plan.binary, Error::no_offset, "a GIL call site is not in a loaded segment");
+        GilFunction f;
+        f.name = s.take ? "PyThread_acquire_lock" : "PyThread_release_lock";
+        f.vaddr = s.at;
+        f.size = s.next ? s.next - s.at : 0;
+        f.how = s.next ? "called in " + s.function + ", probed there and where it returns"
+                       : "tail jump in " + s.function + ": that function probed, entry and return";
+        // Where the call returns may also be where a branch that skips it
+        // lands (SaveThread's `if (interpreter_lock)`): a drop's return
+        // without its drop changes nothing; a take's would read as a take
+        // whose entry was lost, so the reader is told.
+        if (s.next_is_branch_target) {
+            f.how += " (a branch lands there too)";
+            if (s.take)
+                plan.loc.notes.push_back(ev + "__return: a branch in " + s.function +
+                                         " lands where the call returns, which then counts as a return without "
+                                         "its take (an anomaly the summary reports)");
+        }
+        (s.take ? plan.loc.take : plan.loc.drop).push_back(f);
+        plan.probes.push_back({plan.group, ev, plan.binary, *off, false, {}});
+        // A tail jump's function: a return probe on it. A call: a plain probe where it returns.
+        plan.probes.push_back({plan.group, ev + "__return", plan.binary, *next, s.next == 0, {}});
+    }
+}
+
+}  // namespace
+
 ProbePlan plan_probes(const std::string& binary, const std::string& group) {
     ElfFile elf(binary);
     ProbePlan plan;
     plan.binary = binary;
     plan.group = group.empty() ? default_probe_group(binary) : group;
     plan.loc = locate_gil(elf);
+    if (plan.loc.take.empty() && is_python2(elf)) {
+        plan_python2(elf, plan);
+        return plan;
+    }
     if (plan.loc.take.empty()) {
         std::string why = plan.loc.notes.empty() ? "take_gil not found" : plan.loc.notes.back();
         throw Error(binary, Error::no_offset, why);

@@ -56,6 +56,9 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt = {});
 // which Python 3 has not. Its GIL is a plain lock, with no take_gil.
 bool is_python2(const ElfFile& elf);
 
+// Whether libcapstone could be loaded (the stripped-binary paths need it).
+bool capstone_available();
+
 // PLT stub address -> imported function name (from .rela.plt and the stubs).
 std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf);
 
@@ -63,9 +66,17 @@ std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf);
 std::optional<std::pair<uint64_t, uint64_t>> fde_range(const ElfFile& elf, uint64_t pc);
 
 // Direct call / jmp targets in [start, end) and the PLT imports called there.
+struct CallSite {
+    uint64_t at = 0, next = 0;  // the instruction, and the one after it (where a call returns)
+    bool jmp = false;           // a tail jump: it returns to the function's caller
+    uint64_t target = 0;        // the callee's address (a PLT stub's for an import)
+    std::string import;         // the PLT function called, or empty
+};
 struct CallScan {
     std::vector<uint64_t> targets;       // in order, direct calls and jumps leaving the range
     std::vector<std::string> imports;    // PLT functions called or jumped to
+    std::vector<CallSite> sites;         // every such call and jump, in order
+    std::vector<uint64_t> branch_targets;  // where direct jumps (conditional or not) may land
 };
 CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std::map<uint64_t, std::string>& plt);
 

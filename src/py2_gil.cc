@@ -1,0 +1,82 @@
+#include "gilscan/py2_gil.h"
+
+#include <algorithm>
+#include <set>
+#include <string_view>
+
+#include "gilscan/gil_locator.h"
+
+namespace gilscan {
+
+namespace {
+
+// ceval.c's functions that take or drop interpreter_lock, and nothing
+// else with those two calls (checked against objdump on 2.7.18).
+// PyEval_InitThreads creates the lock and takes it; PyEval_ReInitThreads
+// makes a new one after fork and takes it: neither waits, but without their
+// takes the main thread would hold a GIL it never took.
+constexpr std::string_view kGilFunctions[] = {
+    "PyEval_EvalFrameEx",   "PyEval_RestoreThread", "PyEval_SaveThread",   "PyEval_AcquireThread",
+    "PyEval_ReleaseThread", "PyEval_AcquireLock",   "PyEval_ReleaseLock", "PyEval_InitThreads",
+    "PyEval_ReInitThreads",
+};
+
+// The exported address of `name`, or 0.
+uint64_t exported(const ElfFile& elf, std::string_view name) {
+    for (const auto& s : elf.symbols())
+        if (s.dynamic && s.defined && s.value && s.name == name) return s.value;
+    return 0;
+}
+
+}  // namespace
+
+std::vector<Py2GilSite> python2_gil_sites(const ElfFile& elf) {
+    std::vector<Py2GilSite> out;
+    if (!is_python2(elf)) return out;
+    const auto plt = plt_stub_names(elf);
+    // Direct calls too (a static python2, or a build with -fno-plt or
+    // -Bsymbolic): the lock functions' own addresses.
+    const uint64_t acquire = exported(elf, "PyThread_acquire_lock");
+    const uint64_t release = exported(elf, "PyThread_release_lock");
+    std::set<uint64_t> seen;  // call sites, once (a function's symbol in .dynsym and .symtab)
+    for (std::string_view fn : kGilFunctions) {
+        const uint64_t entry = exported(elf, fn);
+        if (!entry) continue;
+        // Its parts: the exported one, and with .symtab its .cold part (by base name).
+        std::vector<std::pair<uint64_t, uint64_t>> parts;
+        for (const auto& s : elf.symbols()) {
+            if (!s.defined || s.type != STT_FUNC || !s.value || symbol_base_name(s.name) != fn) continue;
+            uint64_t end = s.value + s.size;
+            if (!s.size) {
+                auto r = fde_range(elf, s.value);
+                if (!r || r->first != s.value) continue;
+                end = r->second;
+            }
+            parts.emplace_back(s.value, end);
+        }
+        std::sort(parts.begin(), parts.end());
+        parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+        for (const auto& [begin, end] : parts) {
+            const CallScan scan = scan_calls(elf, begin, end, plt);
+            for (const CallSite& c : scan.sites) {
+                const bool take = c.import == "PyThread_acquire_lock" || (acquire && c.target == acquire);
+                const bool drop = c.import == "PyThread_release_lock" || (release && c.target == release);
+                if ((!take && !drop) || !seen.insert(c.jmp ? entry : c.at).second) continue;
+                // A tail jump returns to the function's caller: the function itself is the take or drop.
+                if (c.jmp) {
+                    out.push_back({take, std::string(fn), entry, 0, false});
+                } else {
+                    const bool landed = std::find(scan.branch_targets.begin(), scan.branch_targets.end(), c.next) !=
+                                        scan.branch_targets.end();
+                    out.push_back({take, std::string(fn), c.at, c.next, landed});
+                }
+            }
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const Py2GilSite& a, const Py2GilSite& b) {
+        return a.take != b.take ? a.take : a.at < b.at;
+    });
+    return out;
+}
+
+}  // namespace gilscan
