@@ -4,12 +4,7 @@
 // a second disassembler).
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <set>
-#include <sstream>
-#include <tuple>
 #include <filesystem>
 #include <regex>
 #include <unistd.h>
@@ -18,9 +13,10 @@
 #include "gilscan/gil_arg.h"
 #include "gilscan/gil_locator.h"
 #include "gilscan/probe.h"
-#include "gilscan/py2_gil.h"
+#include "test_util.h"
 
 using namespace gilscan;
+using namespace gilscan::test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -37,15 +33,6 @@ std::vector<std::string> pyenv_libpythons() {
     return out;
 }
 
-std::string run(const std::string& cmd) {
-    FILE* p = ::popen(cmd.c_str(), "r");
-    REQUIRE(p);
-    std::string out;
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-    return out;
-}
 
 }  // namespace
 
@@ -91,7 +78,7 @@ TEST_CASE("Debian's stripped python3.11: take_gil is the call target in PyEval_R
     char range[128];
     std::snprintf(range, sizeof range, "--start-address=0x%llx --stop-address=0x%llx",
                   static_cast<unsigned long long>(rt->value), static_cast<unsigned long long>(rt->value + rt->size));
-    std::string dis = run("objdump -d --no-show-raw-insn " + std::string(range) + " " + bin);
+    std::string dis = shell_output("objdump -d --no-show-raw-insn " + std::string(range) + " " + bin);
     std::smatch m;
     REQUIRE(std::regex_search(dis, m, std::regex(R"(call\s+([0-9a-f]+))")));
     CHECK(loc.take[0].vaddr == std::stoull(m[1].str(), nullptr, 16));
@@ -101,7 +88,7 @@ TEST_CASE("Debian's stripped python3.11: take_gil is the call target in PyEval_R
     std::snprintf(range, sizeof range, "--start-address=0x%llx --stop-address=0x%llx",
                   static_cast<unsigned long long>(loc.take[0].vaddr),
                   static_cast<unsigned long long>(loc.take[0].vaddr + 1));
-    std::string f = run("objdump -d -F " + std::string(range) + " " + bin);
+    std::string f = shell_output("objdump -d -F " + std::string(range) + " " + bin);
     REQUIRE(std::regex_search(f, m, std::regex(R"(File Offset: 0x([0-9a-f]+))")));
     CHECK(plan.probes[0].offset == std::stoull(m[1].str(), nullptr, 16));
     CHECK(plan.probes[0].offset != loc.take[0].vaddr);  // non-PIE: offset and address differ
@@ -147,80 +134,6 @@ TEST_CASE("not a CPython: a clear note, no guess") {
     CHECK_THROWS_AS(ElfFile("/etc/hostname"), Error);
 }
 
-TEST_CASE("Python 2 (pyenv 2.7.18): no take_gil; its GIL's call sites probed, as objdump finds them") {
-    // Its GIL is a plain lock taken by PyThread_acquire_lock; the search
-    // from the exported callers must come back empty, and say why.
-    const std::string lib = "/root/.pyenv/versions/2.7.18/lib/libpython2.7.so.1.0";
-    REQUIRE(fs::exists(lib));
-    ElfFile elf(lib);
-    CHECK(is_python2(elf));
-    for (bool symtab : {true, false}) {
-        LocateOptions opt;
-        opt.use_symtab = symtab;
-        GilLocation loc = locate_gil(elf, opt);
-        CHECK(loc.take.empty());
-        REQUIRE_FALSE(loc.notes.empty());
-        CHECK(loc.notes.back().rfind("Python 2: its GIL is a plain lock", 0) == 0);
-    }
-    // The call sites, against objdump (a second disassembler): every call or
-    // jump to the lock functions' PLT stubs in ceval.c's GIL functions.
-    std::set<std::tuple<bool, std::string, uint64_t, uint64_t>> want;  // take, function, at, next (0: tail jump)
-    const char* fns = "PyEval_EvalFrameEx PyEval_RestoreThread PyEval_SaveThread PyEval_AcquireThread "
-                      "PyEval_ReleaseThread PyEval_AcquireLock PyEval_ReleaseLock PyEval_InitThreads PyEval_ReInitThreads";
-    std::string out = run(std::string("for f in ") + fns + "; do objdump -d --no-show-raw-insn --disassemble=$f " + lib +
-                          " | awk -v f=$f '/^[0-9a-f]+ <'$f'>:/ {entry=$1} "
-                          "/(call|jmp) +[0-9a-f]+ <PyThread_(acquire|release)_lock@plt>/ {at=$1; sub(\":\", \"\", at); "
-                          "nx = \"\"; getline nx; split(nx, n, \":\"); if (n[1] !~ /[0-9a-f]/) n[1] = \"-\"; "
-                          "print f, $2, $NF, at, n[1], entry}'; done");
-    std::istringstream in(out);
-    std::string fn, op, target, at, next, entry;
-    while (in >> fn >> op >> target >> at >> next >> entry) {
-        const bool take = target.find("acquire") != std::string::npos;
-        if (op == "jmp") want.insert({take, fn, std::stoull(entry, nullptr, 16), 0});
-        else want.insert({take, fn, std::stoull(at, nullptr, 16), std::stoull(next, nullptr, 16)});
-    }
-    REQUIRE(want.size() >= 8);
-    auto sites_of = [](const ElfFile& e) {
-        std::set<std::tuple<bool, std::string, uint64_t, uint64_t>> got;
-        for (const auto& s : python2_gil_sites(e)) got.insert({s.take, s.function, s.at, s.next});
-        return got;
-    };
-    CHECK(sites_of(elf) == want);
-    // Stripped (no .symtab): the same sites, from .dynsym and Capstone alone.
-    const std::string stripped = (fs::temp_directory_path() / ("gilscan-py2-" + std::to_string(::getpid()) + ".so")).string();
-    REQUIRE(std::system(("strip -o " + stripped + " " + lib).c_str()) == 0);
-    {
-        ElfFile s(stripped);
-        CHECK_FALSE(s.has_symtab());
-        CHECK(sites_of(s) == want);
-    }
-    fs::remove(stripped);
-    // The probes: a call's at the call and where it returns (a plain probe,
-    // named as a return probe), a tail jump's on its function, entry and return.
-    ProbePlan plan = plan_probes(lib);
-    size_t takes = 0, drops = 0, ret_probes = 0;
-    for (const auto& p : plan.probes) {
-        takes += p.event.rfind("take_gil", 0) == 0 && p.event.find("__return") == std::string::npos;
-        drops += p.event.rfind("drop_gil", 0) == 0 && p.event.find("__return") == std::string::npos;
-        ret_probes += p.ret;
-        if (p.ret) CHECK(p.event.find("__return") != std::string::npos);
-    }
-    CHECK(takes + drops == want.size());
-    CHECK(plan.probes.size() == 2 * want.size());
-    CHECK(ret_probes == std::count_if(want.begin(), want.end(), [](const auto& w) { return std::get<3>(w) == 0; }));
-    // PyEval_SaveThread's `if (interpreter_lock)` branches to where its drop returns.
-    bool flagged = false;
-    for (const auto& s : python2_gil_sites(elf)) flagged |= s.function == "PyEval_SaveThread" && s.next_is_branch_target;
-    CHECK(flagged);
-    // No Python 3 gets that note, nor is taken for Python 2.
-    for (const auto& p : pyenv_libpythons()) {
-        ElfFile e3(p);
-        CHECK_FALSE(is_python2(e3));
-        CHECK(python2_gil_sites(e3).empty());
-        for (const auto& n : locate_gil(e3).notes) CHECK_MESSAGE(n.find("Python 2") == std::string::npos, p);
-    }
-}
-
 TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
     std::string tracefs;
     REQUIRE_NOTHROW(tracefs = tracefs_dir(true));  // tests run as root on this machine kind
@@ -229,10 +142,10 @@ TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
     auto written = install_probes(plan, tracefs);
     CHECK(written.size() == plan.probes.size());
     CHECK(install_probes(plan, tracefs).empty());  // already there
-    std::string events = run("cat " + tracefs + "/uprobe_events");
+    std::string events = shell_output("cat " + tracefs + "/uprobe_events");
     CHECK(events.find(group + "/take_gil ") != std::string::npos);
     CHECK(remove_probes(group, tracefs) == plan.probes.size());
-    events = run("cat " + tracefs + "/uprobe_events");
+    events = shell_output("cat " + tracefs + "/uprobe_events");
     CHECK(events.find(group + "/") == std::string::npos);
 }
 
@@ -305,16 +218,16 @@ TEST_CASE("uprobes with a fetch argument installed idempotently, and removed") {
     ProbePlan plan = plan_probes("/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0", group);
     CHECK(install_probes(plan, tracefs).size() == plan.probes.size());
     CHECK(install_probes(plan, tracefs).empty());  // the kernel's line, args and all, read back as the same
-    const std::string events = run("cat " + tracefs + "/uprobe_events");
+    const std::string events = shell_output("cat " + tracefs + "/uprobe_events");
     CHECK(events.find(group + "/take_gil ") != std::string::npos);
     CHECK(events.find(" gil=+16(+16(%di)):x64") != std::string::npos);
-    const std::string format = run("cat " + tracefs + "/events/" + group + "/take_gil/format");
+    const std::string format = shell_output("cat " + tracefs + "/events/" + group + "/take_gil/format");
     CHECK(format.find("field:u64 gil;") != std::string::npos);
     // The same probe without its argument is replaced, not kept.
     ProbePlan bare = plan;
     for (auto& p : bare.probes) p.args.clear();
     CHECK(install_probes(bare, tracefs).size() == 1);
-    CHECK(run("cat " + tracefs + "/events/" + group + "/take_gil/format").find("field:u64 gil;") == std::string::npos);
+    CHECK(shell_output("cat " + tracefs + "/events/" + group + "/take_gil/format").find("field:u64 gil;") == std::string::npos);
     CHECK(remove_probes(group, tracefs) == plan.probes.size());
 }
 

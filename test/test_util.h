@@ -1,7 +1,9 @@
 // Helpers shared by the synthetic-recording tests.
 #pragma once
 
+#include <cstdio>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,17 @@
 #include "perf_writer.h"
 
 namespace gilscan::test {
+
+// What a shell command prints on stdout (objdump, cat of a tracefs file).
+inline std::string shell_output(const std::string& cmd) {
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) throw std::runtime_error("popen failed: " + cmd);
+    std::string out;
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+    return out;
+}
 
 inline constexpr uint64_t kTpSampleType =
     PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_ID | PERF_SAMPLE_CPU | PERF_SAMPLE_PERIOD |
