@@ -22,6 +22,17 @@
 
 namespace gilscan {
 
+namespace {
+
+// A CALLCHAIN with user frames: PERF_CONTEXT_USER and an address after it.
+bool has_user_callchain(const Sample& s) {
+    for (size_t i = 0; i + 1 < s.callchain.size(); ++i)
+        if (s.callchain[i] == PERF_CONTEXT_USER) return s.callchain[i + 1] < PERF_CONTEXT_MAX;
+    return false;
+}
+
+}  // namespace
+
 unsigned all_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 FileSummary analyse_recording(const AnalysisOptions& opt) {
@@ -140,13 +151,17 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // Called at every switch-out into S or D: nothing here allocates.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
     bool used_probes = false, used_stacks = false;
+    uint64_t fp_chain_sleeps = 0;  // sleeps with a user callchain and no user stack: perf record -g
     timeline.set_classifier([&](const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
         if (only_probes || (auto_evidence && gil.seen_probes())) {
             used_probes |= gil.seen_probes();
             by_probes(s, ev, ps, label);
             return;
         }
-        if (s.regs_user_abi == 0 || s.stack_user.empty()) return;
+        if (s.regs_user_abi == 0 || s.stack_user.empty()) {
+            if (ps.cls == StateClass::Sleeping && has_user_callchain(s)) ++fp_chain_sleeps;
+            return;
+        }
         used_stacks = true;
         if (parallel) {
             if (ps.cls == StateClass::Sleeping) label.ticket = parallel->submit(maps.snapshot(s.pid), s);
@@ -188,6 +203,16 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     // Probes, once seen, decide every later sleep ("auto"): they win.
     std::string evidence_used = used_probes ? "uprobes" : used_stacks ? "stacks" : "";
     if (evidence_used == "stacks" && sst.decided == 0) evidence_used.clear();
+    // perf record -g (frame pointers, perf's default call graph): glibc and
+    // CPython before 3.12 are built without them, so a sleep's chain ends
+    // in glibc's wait (then addresses read off the stack as if frame
+    // records), short of take_gil. Nothing to label from: say what would be.
+    if (evidence_used.empty() && fp_chain_sleeps)
+        summary.warnings.push_back(
+            std::to_string(fp_chain_sleeps) +
+            " sleep(s) carry frame-pointer call chains only (perf record -g): they end in glibc's wait, short of "
+            "take_gil, so no sleep is labelled S(GIL). Record --call-graph dwarf on sched:sched_switch "
+            "(gilscan record --state --stacks), or the GIL uprobes (gilscan record)");
     if (!evidence_used.empty() && timeline.sched_events() > 0) {
         summary.gil_sleep_known = true;
         summary.gil_sleep_source = evidence_used;

@@ -98,6 +98,13 @@ with tempfile.TemporaryDirectory() as tmp:
           "every sleep stack unwound to a CPython frame")
     check(any(t["gil_sleep_us"] for t in s["threads"]), "gil_sleep_us filled from stacks")
     check("Python 2" not in run(os.path.join(DATA, "stacks_py311.data")).stdout, "no Python 2 note on Python 3")
+    # perf record -g: frame-pointer chains that end in glibc; said, with what to record instead
+    r = run(os.path.join(DATA, "callchain_fp.data"), "--summary-json", summ)
+    fp = [w for w in json.load(open(summ))["warnings"] if "frame-pointer call chains only" in w]
+    check(r.returncode == 0 and len(fp) == 1 and "--call-graph dwarf" in fp[0] and "S(GIL)%" not in r.stdout,
+          f"perf record -g: a warning that its chains cannot tell GIL waits, and what to record ({fp})")
+    r = run(os.path.join(DATA, "stacks_py311.data"), "--summary-json", summ, "-q")
+    check(not any("frame-pointer" in w for w in json.load(open(summ))["warnings"]), "no such warning with DWARF stacks")
     # Python 2: no take_gil; the GIL is PyThread_acquire_lock called by ceval.c's GIL takers
     r = run(os.path.join(DATA, "stacks_py27.data"), "-o", trace, "--sleep-stacks", "8")
     ev = json.load(open(trace))["traceEvents"]

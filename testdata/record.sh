@@ -17,6 +17,9 @@ rec -z -o - "${SCHED[@]}" -- "$PY" workload.py "$DUR" > pipe_zstd.data
 rec -o mixed_callgraph.data -e 'sched:sched_switch/call-graph=dwarf/' -e sched:sched_wakeup \
     -e sched:sched_waking -- "$PY" workload.py 0.1
 rec -a -o system_wide.data "${SCHED[@]}" -- "$PY" workload.py 0.1
+# perf record -g: frame-pointer call chains, which end in glibc's wait short
+# of take_gil (cli_test: the warning that says what to record instead).
+rec -g -o callchain_fp.data -e sched:sched_switch -e sched:sched_waking -e sched:sched_wakeup -- "$PY" workload.py 0.1
 # GIL uprobes and DWARF stacks together (probes placed by gilscan record):
 # golden_test's -j check with sleeps labelled from stacks beside the GIL spans.
 ../build/gilscan record -q --stacks --no-analyse -o gil_stacks.data -- "$PY" workload.py 0.02
