@@ -197,8 +197,8 @@ with tempfile.TemporaryDirectory() as tmp:
     # (py2_gil.h), with the stacks beside them (plain probes where a call
     # returns leave the stacks whole): each sleep's label from the probes
     # and from its stack, two independent ways, must agree.
-    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--gil", "--state", "--stacks", "--summary-json", summ,
-                        "--", py2, workload2, "0.1"], capture_output=True, text=True)
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--gil", "--state", "--stacks", "--trace", trace,
+                        "--summary-json", summ, "--", py2, workload2, "0.1"], capture_output=True, text=True)
     check(r.returncode == 0, f"Python 2 with --gil --stacks: recorded ({r.stderr[-500:]})")
     if r.returncode == 0:
         g = json.load(open(summ))["gil"]
