@@ -24,29 +24,20 @@ std::optional<uint64_t> Module::bias_for(const Mapping& m) const {
     return std::nullopt;
 }
 
-const AddrRange* Module::in_take(uint64_t v) const {
-    for (const auto& r : take)
+namespace {
+
+const AddrRange* range_holding(const std::vector<AddrRange>& ranges, uint64_t v) {
+    for (const auto& r : ranges)
         if (v >= r.begin && v < r.end) return &r;
     return nullptr;
 }
 
-const AddrRange* Module::in_drop(uint64_t v) const {
-    for (const auto& r : drop)
-        if (v >= r.begin && v < r.end) return &r;
-    return nullptr;
-}
+}  // namespace
 
-const AddrRange* Module::in_py2_lock(uint64_t v) const {
-    for (const auto& r : py2_lock)
-        if (v >= r.begin && v < r.end) return &r;
-    return nullptr;
-}
-
-const AddrRange* Module::in_py2_gil_caller(uint64_t v) const {
-    for (const auto& r : py2_gil_callers)
-        if (v >= r.begin && v < r.end) return &r;
-    return nullptr;
-}
+const AddrRange* Module::in_take(uint64_t v) const { return range_holding(take, v); }
+const AddrRange* Module::in_drop(uint64_t v) const { return range_holding(drop, v); }
+const AddrRange* Module::in_py2_lock(uint64_t v) const { return range_holding(py2_lock, v); }
+const AddrRange* Module::in_py2_gil_caller(uint64_t v) const { return range_holding(py2_gil_callers, v); }
 
 ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)), perf_maps_(opt_.perf_maps) {
     if (opt_.home_debug.empty()) {
