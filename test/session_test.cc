@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "gilscan/handoff.h"
@@ -429,6 +431,22 @@ TEST_CASE("rounds of 100k records: the queue's arrays take huge pages, not thous
         getrusage(RUSAGE_THREAD, &u);
         return static_cast<uint64_t>(u.ru_minflt);
     };
+    // Whether the kernel gives a huge page at all right now: 2 MiB asked
+    // for as the queue asks (MADV_HUGEPAGE), then written page by page: one
+    // fault for a huge page, 512 without. (A CI run started right after a
+    // bench run got 1,576 faults here; the same test passed minutes later.)
+    auto huge_page_now = [&] {
+        constexpr size_t kHuge = 2 << 20;
+        void* m = ::mmap(nullptr, 2 * kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return false;
+        char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(m) + kHuge - 1) & ~(kHuge - 1));
+        ::madvise(p, kHuge, MADV_HUGEPAGE);
+        const uint64_t f0 = minor_faults();
+        for (size_t i = 0; i < kHuge; i += 4096) p[i] = 1;
+        const uint64_t touched = minor_faults() - f0;
+        ::munmap(m, 2 * kHuge);
+        return touched < 64;
+    };
     const uint64_t before = minor_faults();
     for (uint64_t round = 0, k = 0; round < kRounds; ++round) {
         // Two CPUs' buffers a round, each a sorted run, their times
@@ -445,7 +463,11 @@ TEST_CASE("rounds of 100k records: the queue's arrays take huge pages, not thous
     CHECK(delivered == n);
     CHECK(ordered);
     CAPTURE(mode);
-    CHECK(faults < 300);
+    CAPTURE(faults);
+    if (faults >= 300 && !huge_page_now())
+        MESSAGE("the kernel gives no huge page just now (" << faults << " faults): the queue's are not counted");
+    else
+        CHECK(faults < 300);
     chunks.release(id);
 }
 
