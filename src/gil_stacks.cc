@@ -346,11 +346,8 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     const unsigned frames_kept = stack_frames_;
     bool seeking_function = false;
     bool cut = false;  // the answer's frames ran out undecided: "complete", as the unwinder says at its max
-    const AddrRange* py2_lock = nullptr;  // the frame before was Python 2's PyThread_acquire_lock
-    uint64_t py2_lock_offset = 0;
-    unsigned py2_depth = 0;
-    const Module* py2_module = nullptr;
-    std::string_view py2_file;
+    const AddrRange* py2_lock = nullptr;  // the frame before, py2_frame, was Python 2's PyThread_acquire_lock
+    Frame py2_frame;
     // The user frames are named after the unwind, and only for a stack not
     // seen before (StackTexts): the text is a function of the layout and the
     // frames' addresses.
@@ -363,11 +360,13 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
             // of the same libpython makes the wait a GIL wait; anything else
             // (lock_PyThread_acquire_lock: a threading.Lock) a plain sleep.
             decided = true;
-            const AddrRange* c = f.module == py2_module ? f.module->in_py2_gil_caller(f.vaddr) : nullptr;
+            const AddrRange* c = f.module == py2_frame.module ? f.module->in_py2_gil_caller(f.vaddr) : nullptr;
             if (c) {
                 label.name = "S(GIL)";
                 if (label.text) {
-                    frame_evidence(label.evidence_built, py2_lock->name, py2_lock_offset, py2_file, py2_depth);
+                    frame_evidence(label.evidence_built, py2_lock->name, py2_frame.vaddr - py2_lock->begin,
+                                   py2_frame.mapping ? std::string_view(py2_frame.mapping->path) : "?",
+                                   py2_frame.depth);
                     label.evidence_built += " called from ";
                     label.evidence_built += c->name;
                 }
@@ -382,12 +381,10 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
                 name_gil_function(*as, f, label);
             }
         } else if (f.depth < kAnswerFrames) {
-            if (f.module && f.module->python && !f.module->py2_lock.empty() && f.module->in_py2_lock(f.vaddr)) {
-                py2_lock = f.module->in_py2_lock(f.vaddr);  // decided by the next frame (kAnswerFrames + 1 at most)
-                py2_lock_offset = f.vaddr - py2_lock->begin;
-                py2_depth = f.depth;
-                py2_module = f.module;
-                py2_file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
+            const AddrRange* lock = f.module && f.module->python ? f.module->in_py2_lock(f.vaddr) : nullptr;
+            if (lock) {
+                py2_lock = lock;  // decided by the next frame (kAnswerFrames + 1 at most)
+                py2_frame = f;
             } else if (f.module && f.module->python) {
                 decided = true;
                 const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
