@@ -192,11 +192,7 @@ std::vector<Found> search(const ElfFile& elf, const std::vector<std::pair<std::s
 std::vector<std::pair<std::string, uint64_t>> roots_of(const ElfFile& elf, std::initializer_list<const char*> names) {
     std::vector<std::pair<std::string, uint64_t>> r;
     for (const char* n : names)
-        for (const auto& s : elf.symbols())
-            if (s.dynamic && s.defined && s.name == n && s.value) {
-                r.emplace_back(n, s.value);
-                break;
-            }
+        if (const uint64_t a = exported_address(elf, n)) r.emplace_back(n, a);
     return r;
 }
 
@@ -357,7 +353,13 @@ CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std:
 
 bool capstone_available() { return capstone_lib().open != nullptr; }
 
-bool is_python2(const ElfFile& elf) { return !roots_of(elf, {"PyString_FromString"}).empty(); }
+uint64_t exported_address(const ElfFile& elf, std::string_view name) {
+    for (const auto& s : elf.symbols())
+        if (s.dynamic && s.defined && s.value && s.name == name) return s.value;
+    return 0;
+}
+
+bool is_python2(const ElfFile& elf) { return exported_address(elf, "PyString_FromString") != 0; }
 
 GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
     GilLocation loc;

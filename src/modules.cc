@@ -6,6 +6,7 @@
 
 #include "gilscan/elf_note.h"
 #include "gilscan/jitdump.h"
+#include "gilscan/py2_gil.h"
 
 namespace gilscan {
 
@@ -98,21 +99,13 @@ void add_ranges(Module& mod, const std::string& symfs) {
             return;
         }
     }
-    // Python 2: no take_gil anywhere, so no locator search. The functions are exported,
-    // so their extents are in .dynsym even when stripped; .symtab, when
-    // there, adds .cold parts.
+    // Python 2: no take_gil anywhere, so no locator search. The functions
+    // are exported, so their extents are in .dynsym even when stripped.
     if (is_python2(elf)) {
-        for (const auto& s : elf.symbols()) {
-            if (!s.defined || s.type != STT_FUNC || !s.value || !s.size) continue;
-            std::string_view base = symbol_base_name(s.name);
-            if (base == "PyThread_acquire_lock") mod.py2_lock.push_back({s.value, s.value + s.size, std::string(base)});
-            // Every function of ceval.c that takes interpreter_lock
-            // (InitThreads creating it and ReInitThreads after a fork never
-            // wait for it, but take it all the same).
-            if (base == "PyEval_EvalFrameEx" || base == "PyEval_RestoreThread" || base == "PyEval_AcquireThread" ||
-                base == "PyEval_AcquireLock" || base == "PyEval_InitThreads" || base == "PyEval_ReInitThreads")
-                mod.py2_gil_callers.push_back({s.value, s.value + s.size, std::string(base)});
-        }
+        for (const auto& [b, e] : function_parts(elf, "PyThread_acquire_lock"))
+            mod.py2_lock.push_back({b, e, "PyThread_acquire_lock"});
+        for (std::string_view fn : kPy2GilTakers)
+            for (const auto& [b, e] : function_parts(elf, fn)) mod.py2_gil_callers.push_back({b, e, std::string(fn)});
         return;
     }
     // Stripped: the locator's answer, inlined copies included.

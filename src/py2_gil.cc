@@ -1,6 +1,7 @@
 #include "gilscan/py2_gil.h"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <string_view>
 
@@ -10,25 +11,28 @@ namespace gilscan {
 
 namespace {
 
-// ceval.c's functions that take or drop interpreter_lock, and nothing
-// else with those two calls (checked against objdump on 2.7.18).
-// PyEval_InitThreads creates the lock and takes it; PyEval_ReInitThreads
-// makes a new one after fork and takes it: neither waits, but without their
-// takes the main thread would hold a GIL it never took.
-constexpr std::string_view kGilFunctions[] = {
-    "PyEval_EvalFrameEx",   "PyEval_RestoreThread", "PyEval_SaveThread",   "PyEval_AcquireThread",
-    "PyEval_ReleaseThread", "PyEval_AcquireLock",   "PyEval_ReleaseLock", "PyEval_InitThreads",
-    "PyEval_ReInitThreads",
-};
-
-// The exported address of `name`, or 0.
-uint64_t exported(const ElfFile& elf, std::string_view name) {
-    for (const auto& s : elf.symbols())
-        if (s.dynamic && s.defined && s.value && s.name == name) return s.value;
-    return 0;
-}
+// ceval.c's functions that drop interpreter_lock and never take it
+// (PyEval_EvalFrameEx, a taker, drops it too, before it takes it again).
+constexpr std::string_view kDroppersOnly[] = {"PyEval_SaveThread", "PyEval_ReleaseThread", "PyEval_ReleaseLock"};
 
 }  // namespace
+
+std::vector<std::pair<uint64_t, uint64_t>> function_parts(const ElfFile& elf, std::string_view name) {
+    std::vector<std::pair<uint64_t, uint64_t>> parts;
+    for (const auto& s : elf.symbols()) {
+        if (!s.defined || s.type != STT_FUNC || !s.value || symbol_base_name(s.name) != name) continue;
+        uint64_t end = s.value + s.size;
+        if (!s.size) {
+            auto r = fde_range(elf, s.value);
+            if (!r || r->first != s.value) continue;
+            end = r->second;
+        }
+        parts.emplace_back(s.value, end);
+    }
+    std::sort(parts.begin(), parts.end());
+    parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+    return parts;
+}
 
 std::vector<Py2GilSite> python2_gil_sites(const ElfFile& elf) {
     std::vector<Py2GilSite> out;
@@ -36,27 +40,15 @@ std::vector<Py2GilSite> python2_gil_sites(const ElfFile& elf) {
     const auto plt = plt_stub_names(elf);
     // Direct calls too (a static python2, or a build with -fno-plt or
     // -Bsymbolic): the lock functions' own addresses.
-    const uint64_t acquire = exported(elf, "PyThread_acquire_lock");
-    const uint64_t release = exported(elf, "PyThread_release_lock");
-    std::set<uint64_t> seen;  // call sites, once (a function's symbol in .dynsym and .symtab)
-    for (std::string_view fn : kGilFunctions) {
-        const uint64_t entry = exported(elf, fn);
+    const uint64_t acquire = exported_address(elf, "PyThread_acquire_lock");
+    const uint64_t release = exported_address(elf, "PyThread_release_lock");
+    std::set<uint64_t> seen;  // call sites, once
+    std::vector<std::string_view> functions(std::begin(kPy2GilTakers), std::end(kPy2GilTakers));
+    functions.insert(functions.end(), std::begin(kDroppersOnly), std::end(kDroppersOnly));
+    for (std::string_view fn : functions) {
+        const uint64_t entry = exported_address(elf, fn);
         if (!entry) continue;
-        // Its parts: the exported one, and with .symtab its .cold part (by base name).
-        std::vector<std::pair<uint64_t, uint64_t>> parts;
-        for (const auto& s : elf.symbols()) {
-            if (!s.defined || s.type != STT_FUNC || !s.value || symbol_base_name(s.name) != fn) continue;
-            uint64_t end = s.value + s.size;
-            if (!s.size) {
-                auto r = fde_range(elf, s.value);
-                if (!r || r->first != s.value) continue;
-                end = r->second;
-            }
-            parts.emplace_back(s.value, end);
-        }
-        std::sort(parts.begin(), parts.end());
-        parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
-        for (const auto& [begin, end] : parts) {
+        for (const auto& [begin, end] : function_parts(elf, fn)) {
             const CallScan scan = scan_calls(elf, begin, end, plt);
             for (const CallSite& c : scan.sites) {
                 const bool take = c.import == "PyThread_acquire_lock" || (acquire && c.target == acquire);

@@ -24,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gilscan/elf_file.h"
@@ -51,6 +52,9 @@ struct LocateOptions {
 };
 
 GilLocation locate_gil(const ElfFile& elf, LocateOptions opt = {});
+
+// Where `name` is exported (.dynsym, defined), or 0.
+uint64_t exported_address(const ElfFile& elf, std::string_view name);
 
 // A Python 2 libpython (or static python2): it exports PyString_FromString,
 // which Python 3 has not. Its GIL is a plain lock, with no take_gil.

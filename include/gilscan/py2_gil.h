@@ -23,11 +23,29 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gilscan/elf_file.h"
 
 namespace gilscan {
+
+// ceval.c's functions that take interpreter_lock, the GIL (checked against
+// objdump on 2.7.18). PyEval_InitThreads creates the lock and takes it;
+// PyEval_ReInitThreads makes a new one after fork and takes it: neither
+// waits, but without their takes the main thread would hold a GIL it never
+// took. A sleep in PyThread_acquire_lock called from one of them is a GIL
+// wait (modules.h); their calls of it are the probes' takes.
+inline constexpr std::string_view kPy2GilTakers[] = {
+    "PyEval_EvalFrameEx", "PyEval_RestoreThread", "PyEval_AcquireThread",
+    "PyEval_AcquireLock", "PyEval_InitThreads",   "PyEval_ReInitThreads",
+};
+
+// [begin, end) of each part of the function `name`: its symbols (.dynsym,
+// and with .symtab a .cold part, by base name), a size-0 symbol's extent
+// from its .eh_frame FDE. Sorted, each once.
+std::vector<std::pair<uint64_t, uint64_t>> function_parts(const ElfFile& elf, std::string_view name);
 
 struct Py2GilSite {
     bool take = false;     // a take of the GIL (PyThread_acquire_lock), else a drop (PyThread_release_lock)
