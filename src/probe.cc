@@ -141,6 +141,7 @@ void plan_python2(const ElfFile& elf, ProbePlan& plan) {
                     "Python 2: no call of PyThread_acquire_lock found in ceval.c's GIL functions" +
                         std::string(capstone_available() ? "" : " (install the capstone library)") +
                         "; record stacks instead (gilscan record --state --stacks)");
+    plan.python2 = true;
     plan.loc.notes.clear();
     plan.loc.notes.push_back("Python 2: no take_gil; its GIL (interpreter_lock) is taken and dropped by the calls of "
                              "PyThread_acquire_lock / PyThread_release_lock in ceval.c's GIL functions, each probed "

@@ -17,9 +17,7 @@
 #include <termios.h>
 #include <unistd.h>
 
-#include "gilscan/elf_file.h"
 #include "gilscan/error.h"
-#include "gilscan/gil_locator.h"
 #include "gilscan/probe.h"
 
 namespace gilscan {
@@ -266,20 +264,22 @@ RecordResult record_main(int argc, char** argv) {
     } catch (const Error& e) {
         fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
     }
-    std::string group, python;
+    std::string group;
     if (gil) {
+        std::string python;
         try {
             python = resolve_python_binary(command[0]);
         } catch (const Error& e) {
             fail("no Python found to place GIL probes on (" + std::string(e.what()) +
                  "); run a Python: gilscan record -- python3 script.py, or record without --gil");
         }
+        ProbePlan plan = plan_probes(python);
         // Python 2 takes and drops its GIL every 100 bytecodes: with four
         // probe hits per switch (py2_gil.h) a spinning thread ran a third of
         // its time in the probes here, which the figures then show as time
         // without the GIL. Its stacks tell its GIL waits at no such cost: by
         // default they are recorded instead; --gil probes it anyway.
-        if (gil_by_default && is_python2(ElfFile(python))) {
+        if (gil_by_default && plan.python2) {
             gil = false;
             stacks = true;
             if (!r.quiet)
@@ -287,20 +287,19 @@ RecordResult record_main(int argc, char** argv) {
                              "too often for uprobes: recording stacks instead (--state --stacks), from which its "
                              "GIL waits are told (--gil probes it anyway)\n",
                              python.c_str());
+        } else {
+            install_probes(plan, tracefs);
+            group = plan.group;
         }
-    }
-    if (gil) {
-        ProbePlan plan = plan_probes(python);
-        install_probes(plan, tracefs);
-        group = plan.group;
-        if (!r.quiet) {
+        if (gil && !r.quiet) {
             std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), group.c_str());
             for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
             // A uretprobe swaps the probed function's return address for the
             // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
             // stack then ends at take_gil, and whatever called it (with
             // python3 -X perf, the Python function that waits) is lost.
-            if (stacks)
+            // (Python 2's probes where its lock calls return are plain ones.)
+            if (stacks && !plan.python2)
                 std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
                            "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
                            "for Python functions)\n",

@@ -29,6 +29,7 @@ struct UprobeSpec {
 struct ProbePlan {
     std::string binary;
     std::string group;
+    bool python2 = false;  // the lock calls of ceval.c probed (py2_gil.h), not take_gil
     GilLocation loc;
     std::vector<UprobeSpec> probes;
 };
