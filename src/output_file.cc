@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fcntl.h>
 #include <linux/aio_abi.h>
@@ -14,6 +15,7 @@
 #include <zstd.h>
 
 #include "gilscan/error.h"
+#include "gilscan/temp_files.h"
 
 namespace gilscan {
 
@@ -71,17 +73,7 @@ OutputFile::OutputFile(std::string path, bool writer_thread) : path_(std::move(p
         if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
         owns_fd_ = true;
     } else {
-        tmp_ = path_ + ".tmp." + std::to_string(::getpid());
-        // Uncompressed traces are large and written once: O_DIRECT skips the
-        // page cache copy (on this project's VM a buffered write costs a core
-        // for as long as the analysis; direct I/O mostly waits for the disk).
-        // Filesystems without it (tmpfs) get a buffered file.
-        if (!codec_) {
-            fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0666);
-            direct_ = fd_ >= 0;
-        }
-        if (fd_ < 0) fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
+        open_temporary();
     }
     if (!writer_thread) {
         may_aio_ = direct_ && !codec_ && !in_place_;
@@ -109,10 +101,82 @@ OutputFile::~OutputFile() {
     }
     if (!in_place_) {
         if (fd_ >= 0) ::close(fd_);
-        if (!committed_) std::remove(tmp_.c_str());
+        if (!committed_ && !tmp_.empty()) remove_temporary(tmp_);
     } else if (owns_fd_ && fd_ >= 0) {
         ::close(fd_);
     }
+}
+
+namespace {
+std::string directory_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos) return ".";
+    return slash == 0 ? "/" : path.substr(0, slash);
+}
+std::string base_of(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+}  // namespace
+
+// The bytes go to a file with no name yet (O_TMPFILE) in the target's
+// directory, so a run that dies leaves nothing there and no name can be
+// planted in advance; commit() names it. A filesystem without O_TMPFILE gets
+// an exclusive, random name (temp_files.h) that a signal removes.
+void OutputFile::open_temporary() {
+    const std::string dir = directory_of(path_);
+    // Uncompressed traces are large and written once: O_DIRECT skips the
+    // page cache copy (direct I/O mostly waits for the disk where a buffered
+    // write costs CPU for as long as the analysis). Filesystems without it
+    // (tmpfs) get a buffered file.
+    if (!codec_) {
+        fd_ = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC | O_DIRECT, 0666);
+        direct_ = fd_ >= 0;
+    }
+    if (fd_ < 0) fd_ = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+    if (fd_ >= 0) return;
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+        throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
+    if (!codec_) {
+        fd_ = create_named_temporary(dir, base_of(path_), O_WRONLY | O_DIRECT, 0666, &tmp_);
+        direct_ = fd_ >= 0;
+    }
+    if (fd_ < 0) fd_ = create_named_temporary(dir, base_of(path_), O_WRONLY, 0666, &tmp_);
+    if (fd_ < 0) throw Error(path_, Error::no_offset, std::string("cannot write: ") + std::strerror(errno));
+}
+
+// Names the finished file (an unnamed one is linked to a random name first:
+// linkat cannot replace a name) and renames it over the target, with
+// SIGINT/SIGTERM/SIGHUP held so the steps complete or never start.
+void OutputFile::place_temporary() {
+    FatalSignalsHeld held;
+    auto fail = [&](const std::string& what, int err) {
+        if (!tmp_.empty()) remove_temporary(tmp_);
+        tmp_.clear();
+        throw Error(path_, Error::no_offset, what + ": " + std::strerror(err));
+    };
+    if (tmp_.empty()) {
+        const std::string dir = directory_of(path_), base = base_of(path_);
+        const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+        for (int attempt = 0; attempt < 16 && tmp_.empty(); ++attempt) {
+            std::string name = dir + "/." + base + ".gilscan-" + random_hex();
+            // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc's link does not.
+            int r = ::linkat(fd_, "", AT_FDCWD, name.c_str(), AT_EMPTY_PATH);
+            if (r != 0 && errno != EEXIST) r = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW);
+            if (r == 0) {
+                tmp_ = std::move(name);
+                register_temporary(tmp_);  // for a signal that another thread takes
+            } else if (errno != EEXIST) {
+                fail("cannot name the finished file", errno);
+            }
+        }
+        if (tmp_.empty()) fail("cannot name the finished file", EEXIST);
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail("write failed", errno);
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename into place", errno);
+    forget_temporary(tmp_);
 }
 
 void OutputFile::stop_writer() {
@@ -409,14 +473,63 @@ void OutputFile::commit() {
         committed_ = true;
         return;
     }
-    if (::close(fd_) != 0) {
-        fd_ = -1;
-        fail_write();
-    }
-    fd_ = -1;
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-        throw Error(path_, Error::no_offset, std::string("cannot rename into place: ") + std::strerror(errno));
+    place_temporary();
     committed_ = true;
+}
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+namespace {
+struct FileId {
+    bool exists = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool device = false;
+    std::string canonical;  // when it does not exist yet
+    bool same(const FileId& o) const {
+        if (exists != o.exists) return false;
+        return exists ? dev == o.dev && ino == o.ino : canonical == o.canonical;
+    }
+};
+
+FileId identify(const std::string& path) {
+    FileId id;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+        id.exists = true;
+        id.dev = st.st_dev;
+        id.ino = st.st_ino;
+        id.device = S_ISCHR(st.st_mode);
+        return id;
+    }
+    std::error_code ec;
+    id.canonical = std::filesystem::weakly_canonical(path, ec).string();
+    if (ec) id.canonical = path;
+    return id;
+}
+}  // namespace
+
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::vector<std::string>& inputs) {
+    std::vector<FileId> in;
+    for (const auto& p : inputs) in.push_back(identify(p));
+    std::vector<std::pair<FileId, size_t>> seen;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+        const auto& [option, path] = outputs[k];
+        if (path.empty() || path == "-") continue;
+        const FileId id = identify(path);
+        if (id.device) continue;
+        for (size_t i = 0; i < in.size(); ++i)
+            if (in[i].exists && id.same(in[i]))
+                throw Error(path, Error::no_offset,
+                            option + " names the input " + inputs[i] + "; refusing to write over a recording");
+        for (const auto& [other, at] : seen)
+            if (id.same(other))
+                throw Error(path, Error::no_offset, option + " and " + outputs[at].first + " name the same file");
+        seen.emplace_back(id, k);
+    }
 }
 
 }  // namespace gilscan

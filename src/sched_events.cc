@@ -150,10 +150,12 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     // char[N]; absent ones do not count), and the raw bytes they need.
     auto plain = [](const TpField* x) { return !x || (!x->data_loc && !x->rel_loc); };
     auto int_ok = [&](const TpField* x) { return plain(x) && (!x || x->size == 4 || x->size == 8); };
+    // In 64 bits: a format's offset and size are the file's word, and their
+    // 32-bit sum can wrap past a short record's length.
     auto end_of = [](std::initializer_list<const TpField*> fs) {
-        uint32_t end = 0;
+        uint64_t end = 0;
         for (const TpField* x : fs)
-            if (x) end = std::max<uint32_t>(end, x->offset + x->size);
+            if (x) end = std::max<uint64_t>(end, uint64_t{x->offset} + x->size);
         return end;
     };
     switch (f.kind) {

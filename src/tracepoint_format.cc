@@ -94,7 +94,7 @@ std::string_view read_loc_str(Bytes raw, const TpField& f, bool swap, bool* ok) 
     const uint32_t loc = load<uint32_t>(raw.data() + f.offset, swap);
     uint64_t off = loc & 0xffff;
     const uint64_t len = loc >> 16;
-    if (f.rel_loc) off += f.offset + 4;
+    if (f.rel_loc) off += uint64_t{f.offset} + 4;
     if (off > raw.size() || len > raw.size() - off) {
         if (ok) *ok = false;
         return {};

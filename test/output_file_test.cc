@@ -68,12 +68,12 @@ void check_and_remove(const fs::path& p, const std::string& expect) {
     fs::remove(p);
 }
 
-// Neither the file nor its temporary ("NAME.tmp.PID") is left.
+// Neither the file nor a temporary of it (".NAME.gilscan-*") is left.
 void check_nothing_left(const fs::path& p) {
     CHECK(!fs::exists(p));
-    const std::string tmp = p.filename().string() + ".tmp";
+    const std::string name = p.filename().string();
     for (const auto& e : fs::directory_iterator(p.parent_path()))
-        CHECK(e.path().filename().string().rfind(tmp, 0) != 0);
+        CHECK(e.path().filename().string().find(name) == std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// OutputFile — all-or-nothing output: bytes go to "NAME.tmp.PID" and are
-// renamed to NAME only by commit(); an error (or exception) before that
-// removes the temporary, so no half-written trace is ever left behind.
+// OutputFile — all-or-nothing output: bytes go to a file without a name
+// (O_TMPFILE) in NAME's directory, named and renamed to NAME only by
+// commit(); an error, an exception or a signal before that leaves nothing
+// behind, so no half-written trace is ever seen. Where the filesystem has no
+// O_TMPFILE, the temporary is an exclusive random name (temp_files.h).
 //
 //   OutputFile out("trace.json");
 //   out.write(buf, n);        // buffered
@@ -15,7 +17,7 @@
 // Full 4 MiB buffers are compressed and written by a background thread, so
 // the writes and the compression overlap the analysis; an uncompressed file
 // is written with O_DIRECT where the filesystem allows (no page-cache copy,
-// which on this project's VM cost a core for as long as the analysis). An
+// which costs CPU for as long as the analysis). An
 // error there is raised by the next write() or by commit(). Without the
 // writer thread (-j 1: OutputFile(path, false)) the same happens on the
 // caller's thread whenever a buffer is full. From 64 MiB on, a direct-I/O
@@ -39,6 +41,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gilscan/byte_buffer.h"
@@ -79,6 +82,8 @@ private:
     void hand_off();  // queue the current buffer for the writer thread
     void writer_loop();
     void open_codec();  // by the name's ending: .gz, .zst, else none
+    void open_temporary();   // unnamed (O_TMPFILE) or an exclusive random name
+    void place_temporary();  // named, closed, renamed over path_
     void sink(const char* data, size_t n, bool finish);  // compress (or not) and write
     void raw_write(const char* p, size_t n);
     void stop_writer();
@@ -111,7 +116,7 @@ private:
     std::string aio_error_;       // the first failed write's message
     struct Codec;
     std::unique_ptr<Codec> codec_;
-    std::string path_, tmp_;
+    std::string path_, tmp_;  // tmp_: the temporary's name, empty while it has none
     int fd_ = -1;
     ChunkBytes buf_;
     size_t used_ = 0;
@@ -130,5 +135,17 @@ private:
     std::exception_ptr error_;
     std::thread writer_;
 };
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+// Refuses (gilscan::Error, before anything is opened for writing) an output
+// that is one of the inputs — the same file by device and inode, whatever
+// the spelling: another path, a hard link, a symlink to it — and two outputs
+// that are one file. "-" and empty names are not files; character devices
+// (/dev/null) may take any number of outputs.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,  // {option, path}
+                   const std::vector<std::string>& inputs);
 
 }  // namespace gilscan

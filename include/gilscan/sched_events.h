@@ -98,7 +98,7 @@ private:
         // each (some 200 instructions a switch to under 100).
         bool fixed_switch = false;
         bool fixed_wake = false;  // the same for the wake-ups' three fields (a tenth of a wake-up's instructions)
-        uint32_t fixed_end = 0;  // raw bytes those fields need
+        uint64_t fixed_end = 0;  // raw bytes those fields need
         std::vector<const PrevState*> small;                   // prev_state < 4096 -> in decoded_, nullptr: not yet
         std::unordered_map<int64_t, const PrevState*> large;  // any other value
     };
