@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <unistd.h>
 #include <cstring>
+#include <fcntl.h>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "gilscan/analysis.h"
+#include "gilscan/cli_numbers.h"
 #include "gilscan/batch.h"
 #include "gilscan/debuginfo_cache.h"
 #include "gilscan/error.h"
@@ -24,6 +26,7 @@
 #include "gilscan/probe.h"
 #include "gilscan/record_cmd.h"
 #include "gilscan/summary.h"
+#include "gilscan/temp_files.h"
 
 namespace {
 
@@ -116,6 +119,15 @@ struct Options {
     std::exit(2);
 }
 
+template <class T>
+T number(const char* option, const std::string& text, T min, T max) {
+    try {
+        return gilscan::cli_number<T>(option, text, min, max);
+    } catch (const gilscan::UsageError& e) {
+        usage_error(e.what());
+    }
+}
+
 Options parse_args(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
@@ -148,11 +160,7 @@ Options parse_args(int argc, char** argv) {
             while (pos <= list.size()) {
                 size_t comma = list.find(',', pos);
                 if (comma == std::string::npos) comma = list.size();
-                std::string one = list.substr(pos, comma - pos);
-                char* end = nullptr;
-                long v = std::strtol(one.c_str(), &end, 10);
-                if (one.empty() || *end || v <= 0) usage_error("bad --pid value '" + one + "'");
-                o.pids.insert(static_cast<int32_t>(v));
+                o.pids.insert(number<int32_t>("--pid", list.substr(pos, comma - pos), 1, gilscan::kMaxPid));
                 pos = comma + 1;
             }
         } else if (a == "--gil-evidence") {
@@ -160,17 +168,10 @@ Options parse_args(int argc, char** argv) {
             if (o.gil_evidence != "auto" && o.gil_evidence != "stacks" && o.gil_evidence != "probes")
                 usage_error("--gil-evidence takes auto, stacks or probes");
         } else if (a == "-j" || a == "--jobs") {
-            std::string v = value("-j");
-            char* end = nullptr;
-            long n = std::strtol(v.c_str(), &end, 10);
-            if (v.empty() || *end || n < 0 || n > 256) usage_error("-j takes 0..256");
-            o.jobs = n == 0 ? gilscan::all_cores() : static_cast<unsigned>(n);
+            const unsigned n = number<unsigned>("-j", value("-j"), 0, 256);
+            o.jobs = n == 0 ? gilscan::all_cores() : n;
         } else if (a == "--sleep-stacks") {
-            std::string v = value("--sleep-stacks");
-            char* end = nullptr;
-            long n = std::strtol(v.c_str(), &end, 10);
-            if (v.empty() || *end || n < 1 || n > 1024) usage_error("--sleep-stacks takes 1..1024");
-            o.sleep_stacks = static_cast<unsigned>(n);
+            o.sleep_stacks = number<unsigned>("--sleep-stacks", value("--sleep-stacks"), 1, 1024);
         } else if (a == "--gil-functions") {
             o.gil_functions = true;
         } else if (a == "--symfs") {
@@ -199,6 +200,33 @@ Options parse_args(int argc, char** argv) {
     }
     if (o.input.empty()) usage_error("no input file");
     return o;
+}
+
+// What a run writes, by option, for check_outputs.
+std::vector<std::pair<std::string, std::string>> outputs_of(const Options& o) {
+    return {{"-o", o.output}, {"--summary-json", o.summary_json}};
+}
+
+// The table and messages on stdout reached it: a full disk, a closed or
+// broken stdout is an error of the run, as for any output file.
+void finish_stdout() {
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw gilscan::Error("stdout", gilscan::Error::no_offset,
+                             std::string("write failed: ") + std::strerror(errno ? errno : EIO));
+}
+
+// A closed standard descriptor would be taken by the first file opened (the
+// trace would get the table): each is held by /dev/null, stdout read-only so
+// that writing the table there fails as writing to a closed stdout does.
+void hold_standard_fds() {
+    for (int fd : {0, 1, 2}) {
+        if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        const int n = ::open("/dev/null", fd == 2 ? O_WRONLY : O_RDONLY);
+        if (n >= 0 && n != fd) {
+            ::dup2(n, fd);
+            ::close(n);
+        }
+    }
 }
 
 gilscan::AnalysisOptions analysis_options(const Options& opt) {
@@ -233,17 +261,27 @@ constexpr bool kExitWhenDone = true;
 
 void report(const Options& opt, const gilscan::FileSummary& summary) {
     if (!opt.summary_json.empty()) {
-        gilscan::OutputFile js(opt.summary_json);
-        gilscan::write_summary_json(js, summary);
-        js.commit();
+        try {
+            gilscan::OutputFile js(opt.summary_json);
+            gilscan::write_summary_json(js, summary);
+            js.commit();
+        } catch (const gilscan::Error& e) {
+            // The trace is in place already: say so, the exit status says the rest.
+            if (opt.output.empty() || opt.output == "-") throw;
+            throw gilscan::Error("", gilscan::Error::no_offset,
+                                 std::string(e.what()) + " (the trace " + opt.output + " was written)");
+        }
     }
     for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
     if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary, opt.all_threads);
+    finish_stdout();
 }
 
 // exit_when_done: the process ends as soon as every output is complete
 // (AnalysisOptions::on_complete), leaving the run's memory to the kernel.
 int run(const Options& opt, bool exit_when_done = false) {
+    gilscan::check_outputs(outputs_of(opt), {opt.input});
+    gilscan::remove_temporaries_on_signals();
     // The stages, in order, are in gilscan::analyse_recording (src/analysis.cc):
     // file/header/features -> records -> tracepoint formats -> process maps ->
     // unwinding and symbols -> GIL locator -> thread state machines -> trace.
@@ -274,6 +312,7 @@ int guarded(int status_on_error, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    hold_standard_fds();
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "probe") return guarded(1, [&] { return gilscan::probe_main(argc, argv); });
     if (cmd == "batch") return guarded(2, [&] { return gilscan::batch_main(argc, argv); });

@@ -505,7 +505,7 @@ FileId identify(const std::string& path) {
         return id;
     }
     std::error_code ec;
-    id.canonical = std::filesystem::weakly_canonical(path, ec).string();
+    id.canonical = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
     if (ec) id.canonical = path;
     return id;
 }

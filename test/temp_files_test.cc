@@ -111,6 +111,7 @@ TEST_CASE("outputs: one that is an input, by any spelling, or two outputs of one
                                         {"--summary-json", (d.path / "." / "t.json").string()}},
                                        inputs),
                          doctest::Contains("name the same file"), Error);
+    CHECK_THROWS_AS(check_outputs({{"-o", "not-yet.json"}, {"--summary-json", "./not-yet.json"}}, inputs), Error);
     CHECK_NOTHROW(check_outputs({{"-o", "-"}, {"--summary-json", "-"}}, inputs));  // stdout is not a file
     CHECK_NOTHROW(check_outputs({{"-o", "/dev/null"}, {"--summary-json", "/dev/null"}}, inputs));
     CHECK_NOTHROW(check_outputs({{"-o", (d.path / "t.json").string()}, {"--summary-json", (d.path / "s.json").string()}},
