@@ -267,19 +267,40 @@ uint64_t default_debuginfo_cache_limit() {
 }
 
 namespace {
-// "<hex>.debug" (an inflated debug file) or "names-<hex>" (name_store.h).
-bool is_cache_entry(const std::string& name) {
-    constexpr std::string_view kDebug = ".debug", kNames = "names-";
-    std::string_view id = name;
-    if (id.size() > kDebug.size() && id.substr(id.size() - kDebug.size()) == kDebug)
-        id.remove_suffix(kDebug.size());
-    else if (id.size() > kNames.size() && id.substr(0, kNames.size()) == kNames)
-        id.remove_prefix(kNames.size());
-    else
-        return false;
-    return id.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+bool all_hex(std::string_view id) {
+    return !id.empty() && id.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
+// The header each kind of entry starts with ("" for an unknown name).
+std::string_view entry_header(std::string_view name) {
+    constexpr std::string_view kDebug = ".debug";
+    if (name.size() > kDebug.size() && name.ends_with(kDebug) && all_hex(name.substr(0, name.size() - kDebug.size())))
+        return "\x7f" "ELF";
+    if (name.starts_with("names-") && all_hex(name.substr(6))) return "gilscan frame names 1\n";  // name_store.cc's kMagic
+    if (name.starts_with("kallsyms-") && all_hex(name.substr(9))) return "GSKSYM1\n";  // kallsyms_cache.cc's kMagic
+    return {};
+}
+
+bool starts_with_bytes(const std::string& path, std::string_view head) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return false;
+    std::string got(head.size(), '\0');
+    const ssize_t n = ::pread(fd, got.data(), got.size(), 0);
+    ::close(fd);
+    return n == static_cast<ssize_t>(head.size()) && got == head;
 }
 }  // namespace
+
+bool is_gilscan_cache_file(const std::string& dir, const std::string& name) {
+    std::string_view n = name;
+    if (n.size() > 8 && n.front() == '.' && n[n.size() - 7] == '.') {  // ".<entry>.XXXXXX" (mkostemp)
+        return !entry_header(n.substr(1, n.size() - 8)).empty();
+    }
+    const std::string_view head = entry_header(n);
+    return !head.empty() && starts_with_bytes(dir + "/" + name, head);
+}
+
+std::string cache_entries_dir(const std::string& root) { return root.empty() ? "" : root + "/gilscan-cache"; }
 
 void mark_cache_entry_used(const std::string& path) {
     struct stat st {};
@@ -302,14 +323,14 @@ uint64_t prune_debuginfo_cache(const std::string& dir, uint64_t max_bytes, const
         const std::string name = it->path().filename().string();
         struct stat st {};
         if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (!is_gilscan_cache_file(dir, name)) continue;  // not ours: never counted, never removed
         const auto size = static_cast<uint64_t>(st.st_size);
-        if (name.size() > 6 && name.front() == '.' && name.find(".debug") == std::string::npos) {
-            // "." + id + ".XXXXXX": a temporary; only a stale one is removed.
+        if (name.front() == '.') {
+            // A temporary; only a stale one (a run killed meanwhile) is removed.
             if (now - static_cast<int64_t>(st.st_mtime) > kStaleTemporary && ::unlink(it->path().c_str()) == 0)
                 removed += size;
             continue;
         }
-        if (!is_cache_entry(name)) continue;  // not ours
         total += size;
         if (name != keep) entries.push_back({it->path(), size, static_cast<int64_t>(st.st_mtime)});
     }
@@ -332,10 +353,10 @@ std::string default_debuginfo_cache_dir() {
         const char* v = std::getenv(name);
         return std::string(v ? v : "");
     };
-    std::string base = env("GILSCAN_CACHE_DIR");
-    if (base.empty() && !env("XDG_CACHE_HOME").empty()) base = env("XDG_CACHE_HOME") + "/gilscan";
-    if (base.empty() && !env("HOME").empty()) base = env("HOME") + "/.cache/gilscan";
-    return base.empty() ? "" : base + "/debuginfo";
+    std::string root = env("GILSCAN_CACHE_DIR");
+    if (root.empty()) root = env("XDG_CACHE_HOME");
+    if (root.empty() && !env("HOME").empty()) root = env("HOME") + "/.cache";
+    return cache_entries_dir(root);
 }
 
 std::string elf_build_id_hex(int fd) {

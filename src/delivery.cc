@@ -220,6 +220,16 @@ void Session::run(EventSink& sink) {
             }
             rd.batch_bytes = bytes;
         };
+        // The chunks of every batch the stages have finished go back.
+        auto reclaim = [&] {
+        while (handoff.take_done(rd.back)) {
+            for (const Handed& h : rd.back.items) chunks.release(h.chunk);
+            for (const void* note : rd.back.notes)
+                if (note) stage->release(note);  // notes come only with a stage
+            rd.back.clear();
+            rd.spares.push_back(std::move(rd.back));
+        }
+        };
         auto send = [&] {
             if (batch.empty() || rd.stopped) return;
             if (!threaded) {
@@ -245,13 +255,7 @@ void Session::run(EventSink& sink) {
             // every other send, in a thread arena that gives freed memory
             // back (MADV_DONTNEED) and faults it in anew: 742 allocations of
             // 16 KiB and more on the DWARF capture at -j 2, now 91 (bench/NOTES.md).
-            while (handoff.take_done(rd.back)) {
-                for (const Handed& h : rd.back.items) chunks.release(h.chunk);
-                for (const void* note : rd.back.notes)
-                    if (note) stage->release(note);  // notes come only with a stage
-                rd.back.clear();
-                rd.spares.push_back(std::move(rd.back));
-            }
+            reclaim();
             if (!rd.spares.empty()) {  // batch was moved into the handoff
                 batch = std::move(rd.spares.back());
                 rd.spares.pop_back();
@@ -320,6 +324,16 @@ void Session::run(EventSink& sink) {
                     next_progress = rs.position() + progress_step;
                 }
                 ++rd.records;
+                if (chunks.live_bytes() > kWindowBytes) [[unlikely]] {
+                    // The records waiting to be ordered hold more bytes than
+                    // the window allows (a file without rounds whose every
+                    // compressed record has a buffer of its own): the older
+                    // half goes to the stages, and their buffers come back.
+                    queued([&](auto& h) { q.release_older_half(h); });
+                    send();
+                    if (threaded && !handoff.wait_idle()) break;
+                    reclaim();
+                }
                 if (r.type == PERF_RECORD_FINISHED_ROUND) {
                     queued([&](auto& h) {
                         q.finished_round(h);
@@ -449,6 +463,7 @@ void Session::run(EventSink& sink) {
     if (progress_) progress_(end - begin, end - begin);
     stats_.out_of_order = side->q.out_of_order();
     stats_.compressed_records = side->rs.compressed_records();
+    stats_.peak_buffer_bytes = std::max(stats_.peak_buffer_bytes, side->chunks.peak_live_bytes());
     for (const auto& w : side->rs.warnings()) warn(w);
     if (side->rs.stopped()) {
         stats_.truncated = true;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "gilscan/aside_file.h"
+#include "gilscan/debuginfo_cache.h"
 #include "gilscan/cursor.h"
 #include "gilscan/error.h"
 
@@ -206,7 +207,8 @@ bool write_kallsyms_cache(const std::string& dir, const KallsymsKey& key, const 
     const std::string mine = "kallsyms-" + key.build_id;
     for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string name = it->path().filename().string();
-        if (name.rfind("kallsyms-", 0) == 0 && name != mine) ::unlink(it->path().c_str());
+        if (name.rfind("kallsyms-", 0) == 0 && name != mine && is_gilscan_cache_file(dir, name))
+            ::unlink(it->path().c_str());
     }
     return true;
 }

@@ -184,6 +184,7 @@ Options parse_args(int argc, char** argv) {
         } else if (a == "--cache-dir") {
             o.cache_dir = value("--cache-dir");
             if (o.cache_dir.empty()) usage_error("--cache-dir needs a directory");
+            o.cache_dir = gilscan::cache_entries_dir(o.cache_dir);
         } else if (a == "--no-cache") {
             o.cache_dir.clear();
         } else if (a == "--all-threads") {
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "probe") return guarded(1, [&] { return gilscan::probe_main(argc, argv); });
     if (cmd == "batch") return guarded(2, [&] { return gilscan::batch_main(argc, argv); });
+    if (cmd == gilscan::kBatchOneCommand) return guarded(1, [&] { return gilscan::batch_one_main(argc, argv); });
     if (cmd == "record") {
         return guarded(1, [&] {
             gilscan::RecordResult r = gilscan::record_main(argc, argv);

@@ -38,6 +38,7 @@ uint32_t ChunkTable::acquire(size_t capacity, uint64_t base, bool compressed) {
     c.bytes.reserve(capacity);
     c.refs = 1;
     origins_[id] = {base, c.bytes.data(), compressed};
+    recount(id);
     return id;
 }
 
@@ -60,6 +61,13 @@ RecordStream::~RecordStream() {
 
 // Every chunk comes from here: ids stay below ChunkTable::kMaxChunks.
 uint32_t RecordStream::acquire_chunk(size_t capacity, uint64_t base, bool compressed) {
+    // The ordering queue releases records long before this (OrderedQueue's
+    // byte bound); a file that still needs more held at once is refused,
+    // whatever its records say, rather than taking the machine's memory.
+    if (chunks_.live_bytes() + capacity > kMaxLiveBytes)
+        throw Error(file_.path(), base,
+                    "more than " + std::to_string(kMaxLiveBytes >> 20) +
+                        " MiB of read buffers would be alive at once (records that cannot be released in order)");
     if (chunks_.full())
         throw Error(file_.path(), base,
                     "more than " + std::to_string(ChunkTable::kMaxChunks) +
@@ -229,6 +237,7 @@ void RecordStream::decompress(const RawRecord& c) {
         if (out.pos == 0 && in.pos == in.size) break;
     }
     decompressed_bytes_ += buf.size() - carried;
+    chunks_.recount(id);  // the buffer may have grown past what acquire() counted
     dchunk_ = id;
     dpos_ = 0;
 }

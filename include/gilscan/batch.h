@@ -6,7 +6,8 @@
 // PATHs are files or directories searched recursively for *.data,
 // *.data.zst (zstd-compressed archives, decompressed to a temporary file) and
 // perf.data*. A file that cannot be read gets a row with its error and the
-// batch goes on; the exit status is non-zero only if nothing could be read.
+// batch goes on; the exit status is non-zero only if nothing could be read,
+// or a trace or table could not be written.
 // Binaries that are absent or changed on this machine only cost the stack
 // classification of their sleeps (said once per module in the warnings);
 // scheduler states and uprobe GIL figures need none. --symfs DIR finds them
@@ -24,5 +25,12 @@ namespace gilscan {
 std::vector<std::string> batch_inputs(const std::vector<std::string>& paths);
 
 int batch_main(int argc, char** argv);
+
+// Each recording is analysed by this executable run again as
+// `gilscan __batch-one FILE [options]` (batch_one_main), which prints one
+// JSON object: {"summary": ..., "date": ...} or {"error": ..., "write_error": ...}.
+// A recording that crashes its analysis takes only that process down.
+inline constexpr const char* kBatchOneCommand = "__batch-one";
+int batch_one_main(int argc, char** argv);
 
 }  // namespace gilscan

@@ -46,6 +46,16 @@ std::string debuginfo_cache_dir();
 // $GILSCAN_CACHE_DIR, else $XDG_CACHE_HOME/gilscan, else $HOME/.cache/gilscan
 // ("" when none is set), plus "/debuginfo".
 std::string default_debuginfo_cache_dir();
+// The directory of gilscan's entries under a cache root (--cache-dir ROOT,
+// $GILSCAN_CACHE_DIR, $XDG_CACHE_HOME, ~/.cache): ROOT/gilscan-cache, a
+// directory of gilscan's own, so that pruning never looks at the root's
+// other files (--cache-dir ~ leaves a home directory alone).
+std::string cache_entries_dir(const std::string& root);
+// Whether a file in that directory is one of gilscan's: an entry's name
+// ("<hex>.debug", "names-<hex>", "kallsyms-<hex>") whose first bytes are
+// that kind's header (ELF, name_store's or kallsyms_cache's magic), or a
+// temporary's name (".<entry name>.XXXXXX"). Nothing else is ever removed.
+bool is_gilscan_cache_file(const std::string& dir, const std::string& name);
 
 // The cache entry for a build-id (lowercase hex): made from `debug_file`
 // (the separate debug file of that build-id) when missing. Returns its fd

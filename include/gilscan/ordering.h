@@ -16,7 +16,7 @@
 // each FINISHED_ROUND the events up to the previous round's maximum time can
 // be released. A recording without rounds (or one round too large) is held
 // to `max_queued` events: past that the older half is released, as perf's
-// OE_FLUSH__HALF does. Equal timestamps keep file order.
+// OE_FLUSH__HALF does (and by the reader, past kWindowBytes held in chunks). Equal timestamps keep file order.
 //
 // Released records are "ready" until delivered. Delivering them all at the
 // round's end (drain) or spread over the reading of the next round (pump)
@@ -103,15 +103,19 @@ public:
         if (pending_.size() == pending_.capacity()) make_room(pending_, pending_.size() + 1);
         pending_.push_back(e);
         pending_bytes_ += r.size;
-        if (++queued_ > max_queued_) {
-            // No round boundary in sight: release the older half.
-            ++half_flushes_;
-            drain(deliver);
-            arrange();
-            join();  // all of it in old_, from index 0
-            release_until(old_[old_.size() / 2].time);
-            drain(deliver);
-        }
+        if (++queued_ > max_queued_) release_older_half(deliver);  // no round boundary in sight
+    }
+
+    // Releases the older half of what is queued, and delivers it.
+    template <class Deliver>
+    void release_older_half(Deliver&& deliver) {
+        if (queued_ == 0) return;
+        ++half_flushes_;
+        drain(deliver);
+        arrange();
+        join();  // all of it in old_, from index 0
+        if (!old_.empty()) release_until(old_[old_.size() / 2].time);
+        drain(deliver);
     }
 
     // At PERF_RECORD_FINISHED_ROUND: what the previous round's end allows

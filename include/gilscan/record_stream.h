@@ -80,12 +80,28 @@ public:
         return o.compressed ? o.base : o.base + static_cast<uint64_t>(rec - o.data);
     }
     void retain(uint32_t id) { ++chunks_[id].refs; }
+    // Bytes reserved by live chunks (a chunk counts its capacity from
+    // acquire(), and again after recount() once it grew, until its last
+    // release). The ordering queue keeps this under its window's bound.
+    uint64_t live_bytes() const { return live_bytes_; }
+    uint64_t peak_live_bytes() const { return peak_live_bytes_; }
+    void recount(uint32_t id) {
+        Chunk& c = chunks_[id];
+        live_bytes_ += c.bytes.capacity() - c.counted;
+        c.counted = c.bytes.capacity();
+        peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+    }
     // Inline: called twice per record (the ordering queue and the batch each hold one).
     void release(uint32_t id) {
         // The buffer is kept for the next acquire(): memory stays at the peak of
         // live chunks (bounded by the ordering window), and a fresh buffer's page
         // faults and zeroing are paid once, not per chunk.
-        if (--chunks_[id].refs == 0) free_.push_back(id);
+        Chunk& c = chunks_[id];
+        if (--c.refs == 0) {
+            free_.push_back(id);
+            live_bytes_ -= c.counted;
+            c.counted = 0;
+        }
     }
     size_t live() const { return chunks_.size() - free_.size(); }
 
@@ -93,7 +109,9 @@ private:
     struct Chunk {
         ChunkBytes bytes;
         uint32_t refs = 0;
+        uint64_t counted = 0;  // its share of live_bytes_
     };
+    uint64_t live_bytes_ = 0, peak_live_bytes_ = 0;
     std::vector<Chunk> chunks_;
     std::vector<uint32_t> free_;
     // Where each chunk came from (base(), compressed(), origin()), per id, in
@@ -221,6 +239,14 @@ private:
 // Upper bound on one compressed record's output: perf writes at most one
 // mmap buffer's worth per record; anything far larger is a corrupt stream.
 inline constexpr size_t kMaxDecompressedChunk = 256u << 20;
+// The ordering window's bound in bytes held: past it, OrderedQueue
+// releases its older half (as past its bound in records). perf's own rounds
+// hold some megabytes; a file without rounds, whose every compressed
+// record would keep a buffer of its own alive, stays within it.
+inline constexpr uint64_t kWindowBytes = 1ull << 30;
+// What may be held at once at all (the window, records on their way to the
+// stages, the chunk being filled): past it a file is refused.
+inline constexpr uint64_t kMaxLiveBytes = 4ull << 30;
 // Upper bound on an out-of-size payload gilscan reads (tracing data).
 inline constexpr uint64_t kMaxExtraPayload = 256u << 20;
 

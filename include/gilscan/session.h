@@ -70,6 +70,7 @@ struct DecodeStats {
     uint64_t unknown_ids = 0;
     uint64_t out_of_order = 0;
     uint64_t compressed_records = 0;
+    uint64_t peak_buffer_bytes = 0;  // read and decompressed buffers held at once, at most
     uint64_t first_time = 0, last_time = 0;
     bool have_time = false;
     bool truncated = false;
