@@ -9,7 +9,9 @@
 #include <sstream>
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gilscan/gil_arg.h"
@@ -70,21 +72,40 @@ bool exports_gil_callers(const std::string& path) {
 // Asks the interpreter itself: its real executable and, when it was built
 // with --enable-shared, the libpython it loads.
 std::string ask_interpreter(const std::string& interp) {
-    std::string cmd = "'" + interp +
-                      "' -c \"import os, sys, sysconfig; v = sysconfig.get_config_var; "
-                      "print(os.path.realpath(sys.executable)); print(v('Py_ENABLE_SHARED') or 0); "
-                      "print(os.path.join(v('LIBDIR') or '', v('INSTSONAME') or ''))\" 2>/dev/null";
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) throw Error(interp, Error::no_offset, "cannot run it to find its libpython");
+    // Its own argument vector, no shell: a path with quotes or spaces is a path.
+    const char* code =
+        "import os, sys, sysconfig; v = sysconfig.get_config_var; "
+        "print(os.path.realpath(sys.executable)); print(v('Py_ENABLE_SHARED') or 0); "
+        "print(os.path.join(v('LIBDIR') or '', v('INSTSONAME') or ''))";
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw Error(interp, Error::no_offset, "cannot run it to find its libpython");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+    const char* argv[] = {interp.c_str(), "-c", code, nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, interp.c_str(), &fa, nullptr, const_cast<char* const*>(argv), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    std::string text;
     char buf[4096];
+    for (ssize_t n; rc == 0 && ((n = ::read(out[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR));)
+        if (n > 0) text.append(buf, static_cast<size_t>(n));
+    ::close(out[0]);
+    int status = -1;
+    if (rc == 0)
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     std::vector<std::string> lines;
-    while (std::fgets(buf, sizeof buf, p)) {
-        std::string l(buf);
-        while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    for (size_t at = 0; at < text.size();) {
+        size_t nl = text.find('\n', at);
+        if (nl == std::string::npos) nl = text.size();
+        std::string l = text.substr(at, nl - at);
+        while (!l.empty() && l.back() == '\r') l.pop_back();
         lines.push_back(l);
+        at = nl + 1;
     }
-    int rc = ::pclose(p);
-    if (rc != 0 || lines.size() < 3)
+    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || lines.size() < 3)
         throw Error(interp, Error::no_offset, "is not a Python 3 interpreter that gilscan can ask (run it with -c failed)");
     if (lines[1] != "0" && fs::exists(lines[2])) return fs::canonical(lines[2]).string();
     return lines[0];
