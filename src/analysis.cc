@@ -1,5 +1,7 @@
 #include "gilscan/analysis.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -75,6 +77,9 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     ModuleOptions mopt;
     mopt.symfs = opt.symfs;
     mopt.perf_maps = opt.perf_maps;
+    // perf writes the recording as the user it records for: that user's
+    // perf maps are read, and root's, no one else's.
+    if (struct stat st {}; ::stat(opt.input.c_str(), &st) == 0) mopt.perf_map_owner = st.st_uid;
     for (const auto& b : session.features().build_ids) mopt.build_ids[b.filename] = to_hex(b.build_id);
     // Frame names kept from earlier runs, in the cache directory (name_store.h).
     if (!opt.debuginfo_cache.empty()) mopt.name_store = std::make_shared<NameStore>(opt.debuginfo_cache);

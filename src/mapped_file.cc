@@ -31,6 +31,28 @@ bool read_small_file(const std::string& path, std::string& text, bool& failed, i
     return true;
 }
 
+int open_foreign_file(const std::string& path, uid_t owner, uint64_t max_size, std::string* why, int* err) {
+    why->clear();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        *err = errno;
+        if (errno == ELOOP) *why = path + ": not read: a symbolic link";
+        return -1;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) *why = path + ": not read: " + std::strerror(errno);
+    else if (!S_ISREG(st.st_mode)) *why = path + ": not read: not a regular file";
+    else if (st.st_uid != 0 && st.st_uid != owner)
+        *why = path + ": not read: owned by uid " + std::to_string(st.st_uid) + ", neither root nor the recording's user (uid " +
+               std::to_string(owner) + ")";
+    else if (static_cast<uint64_t>(st.st_size) > max_size)
+        *why = path + ": not read: " + std::to_string(st.st_size) + " bytes, more than " + std::to_string(max_size);
+    if (why->empty()) return fd;
+    ::close(fd);
+    *err = EPERM;
+    return -1;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(path, Error::no_offset, std::strerror(errno));

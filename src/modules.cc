@@ -41,6 +41,7 @@ const AddrRange* Module::in_py2_lock(uint64_t v) const { return range_holding(py
 const AddrRange* Module::in_py2_gil_caller(uint64_t v) const { return range_holding(py2_gil_callers, v); }
 
 ModuleCache::ModuleCache(ModuleOptions opt) : opt_(std::move(opt)), perf_maps_(opt_.perf_maps) {
+    perf_maps_.set_owner(opt_.perf_map_owner);
     if (opt_.home_debug.empty()) {
         const char* home = std::getenv("HOME");
         opt_.home_debug = std::string(home ? home : "/root") + "/.debug";

@@ -94,9 +94,17 @@ bool is_jit_mapping(std::string_view path) {
 }
 
 bool PerfMaps::read_map(const std::string& path, std::string name, PerfMap& out, int& err) {
+    std::string why;
+    const int fd = open_foreign_file(path, owner_, kMaxMapBytes, &why, &err);
+    if (fd < 0) {
+        if (!why.empty()) problems_.push_back(why);
+        return false;
+    }
     std::string text;
     bool failed = false;
-    if (!read_small_file(path, text, failed, err)) return false;
+    const bool opened = read_small_file("/proc/self/fd/" + std::to_string(fd), text, failed, err);
+    ::close(fd);
+    if (!opened) return false;
     out = PerfMap::parse(text);
     out.set_source(std::move(name));
     if (failed) problems_.push_back(path + ": read error: the perf map may be incomplete");
@@ -108,23 +116,28 @@ bool PerfMaps::read_map(const std::string& path, std::string name, PerfMap& out,
 }
 
 bool PerfMaps::read_dump(const std::string& path, std::string name, PerfMap& out) {
-    std::FILE* probe = std::fopen(path.c_str(), "rb");
-    if (!probe) return false;
-    std::fclose(probe);
+    std::string why;
+    int err = 0;
+    const int fd = open_foreign_file(path, owner_, kMaxDumpBytes, &why, &err);
+    if (fd < 0) {
+        if (!why.empty()) problems_.push_back(why);
+        return !why.empty();  // there, but not to be read: no other place is tried
+    }
     // Mapped, not copied: a JIT that dumps its code too (a JVM's agent)
     // writes hundreds of megabytes, most of them code bytes never read here.
     JitDump d;
-    std::error_code ec;
-    if (std::filesystem::file_size(path, ec) == 0 && !ec) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size == 0) {
         d = parse_jitdump(Bytes(), path);  // nothing to map: "0 bytes, shorter than a jitdump header"
     } else {
         try {
-            const MappedFile f(path);
+            const MappedFile f("/proc/self/fd/" + std::to_string(fd));  // the file checked, not one put there since
             d = parse_jitdump(f.bytes(), path);
         } catch (const Error& e) {
-            d.problem = e.what();  // a directory, not mappable
+            d.problem = path + ": " + e.what();
         }
     }
+    ::close(fd);
     out = PerfMap::from_jitdump(d);
     out.set_source(std::move(name));
     if (!d.problem.empty())

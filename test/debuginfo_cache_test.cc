@@ -414,14 +414,21 @@ TEST_CASE("debuginfo cache: pruned to its limit, least recently used first, neve
     // Four entries of 100 bytes, a used 4..1 days ago; a file that is not
     // an entry; a temporary left by a crashed run; one being written now.
     const char* names[] = {"a.debug", "b.debug", "c.debug", "d.debug"};
+    std::vector<uint8_t> elf(100, 1);
+    std::memcpy(elf.data(), "\x7f" "ELF", 4);
     for (int i = 0; i < 4; ++i) {
-        write_file(cache / names[i], std::vector<uint8_t>(100, 1));
+        write_file(cache / names[i], elf);
         age_file(cache / names[i], (4 - i) * day);
     }
+    // Not gilscan's, however named or old: never counted, never removed.
     write_file(cache / "notes.txt", std::vector<uint8_t>(1000, 1));
-    write_file(cache / ".dead.AbC123", std::vector<uint8_t>(50, 1));
-    age_file(cache / ".dead.AbC123", 2 * 3600);
-    write_file(cache / ".live.XyZ789", std::vector<uint8_t>(70, 1));
+    write_file(cache / "0123.debug", std::vector<uint8_t>(1000, 1));  // an entry's name, not its header
+    write_file(cache / ".bashrc.AbC123", std::vector<uint8_t>(50, 1));
+    age_file(cache / "0123.debug", 9 * day);
+    age_file(cache / ".bashrc.AbC123", 9 * day);
+    write_file(cache / ".dead.debug.AbC123", std::vector<uint8_t>(50, 1));
+    age_file(cache / ".dead.debug.AbC123", 2 * 3600);
+    write_file(cache / ".beef.debug.XyZ789", std::vector<uint8_t>(70, 1));
 
     SUBCASE("over the limit: the oldest go, the one to keep stays however old") {
         // 400 bytes of entries, 250 allowed: b and c go (a is kept, d is newest).
@@ -430,9 +437,9 @@ TEST_CASE("debuginfo cache: pruned to its limit, least recently used first, neve
         CHECK_FALSE(fs::exists(cache / "b.debug"));
         CHECK_FALSE(fs::exists(cache / "c.debug"));
         CHECK(fs::exists(cache / "d.debug"));
-        CHECK(fs::exists(cache / "notes.txt"));      // not an entry: never counted or removed
-        CHECK_FALSE(fs::exists(cache / ".dead.AbC123"));
-        CHECK(fs::exists(cache / ".live.XyZ789"));  // may be another run's entry in the making
+        for (const char* foreign : {"notes.txt", "0123.debug", ".bashrc.AbC123"}) CHECK(fs::exists(cache / foreign));
+        CHECK_FALSE(fs::exists(cache / ".dead.debug.AbC123"));
+        CHECK(fs::exists(cache / ".beef.debug.XyZ789"));  // may be another run's entry in the making
     }
     SUBCASE("within the limit, or no limit: only the stale temporary goes") {
         CHECK(prune_debuginfo_cache(cache.string(), 400, "") == 50);

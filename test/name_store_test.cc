@@ -262,8 +262,9 @@ TEST_CASE("name store: its files are entries of the cache, marked used when load
     // Another binary's names (used 3 days ago), a debug file (2 days ago);
     // what is not an entry: the kernel's symbols, a names file of no
     // build-id, a file of the user's.
-    for (const char* name : {"names-bbbb", "aaaa.debug", "kallsyms-cccc", "names-xyz", "notes.txt"})
-        write_text(dir.path / name, std::string(1000, 'x'));
+    for (const char* name : {"kallsyms-cccc", "names-xyz", "notes.txt"}) write_text(dir.path / name, std::string(1000, 'x'));
+    write_text(dir.path / "names-bbbb", "gilscan frame names 1\n" + std::string(978, 'x'));
+    write_text(dir.path / "aaaa.debug", "\x7f" "ELF" + std::string(996, 'x'));
     age(dir.path / "names-bbbb", 3 * day);
     age(dir.path / "aaaa.debug", 2 * day);
     age(dir.path / "kallsyms-cccc", 5 * day);

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include <sys/types.h>
+
 #include "gilscan/cursor.h"
 
 namespace gilscan {
@@ -21,6 +23,13 @@ namespace gilscan {
 // reports size 0: read to the end). False when it cannot be opened (errno
 // in err); failed: a read error part way.
 bool read_small_file(const std::string& path, std::string& text, bool& failed, int& err);
+
+// A file another program left for gilscan to read (a perf map, a jitdump),
+// opened as perf does: O_NOFOLLOW (not through a symlink), O_NONBLOCK (a
+// FIFO never hangs the run), then accepted only if it is a regular file of at
+// most max_size bytes owned by root or by `owner` (the recording's user).
+// -1 with the reason in *why otherwise (ENOENT: errno in *err, why empty).
+int open_foreign_file(const std::string& path, uid_t owner, uint64_t max_size, std::string* why, int* err);
 
 class MappedFile {
 public:

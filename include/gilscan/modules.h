@@ -14,6 +14,8 @@
 // than guessed from.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -66,6 +68,7 @@ struct ModuleOptions {
     std::map<std::string, std::string> build_ids;        // path -> hex build-id from the header
     std::string home_debug = "";                         // perf's cache (default ~/.debug)
     std::string perf_maps;                               // where perf-PID.map files are ("": none; perf_map.h)
+    uid_t perf_map_owner = ::geteuid();                  // whose maps are read besides root's: the recording's user
     std::shared_ptr<NameStore> name_store;               // frame names kept across runs (name_store.h; null: none)
 };
 

@@ -37,6 +37,8 @@
 // once read.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -100,7 +102,8 @@ class PerfMaps {
 public:
     // dir: where the maps are ("/tmp" as perf; "": none read, every map
     // empty). proc: where procfs is (another directory in tests).
-    explicit PerfMaps(std::string dir, std::string proc = "/proc") : dir_(std::move(dir)), proc_(std::move(proc)) {}
+    explicit PerfMaps(std::string dir, std::string proc = "/proc")
+        : dir_(std::move(dir)), proc_(std::move(proc)), owner_(::geteuid()) {}
     // The map of the process of an address space, read on first use (an
     // empty map when there is none), the first found of:
     //   DIR/perf-PID.map;
@@ -119,6 +122,11 @@ public:
     std::vector<std::string> problems() const;
     static constexpr size_t kMissingShown = 4;
     const std::string& dir() const { return dir_; }
+    // Whose maps are read besides root's (open_foreign_file): the
+    // recording's user. Default: gilscan's own.
+    void set_owner(uid_t uid) { owner_ = uid; }
+    static constexpr uint64_t kMaxMapBytes = 256ull << 20;   // read whole
+    static constexpr uint64_t kMaxDumpBytes = 16ull << 30;   // mapped
 
 private:
     std::shared_ptr<const PerfMap> lookup(int32_t pid, std::string_view marker, const std::vector<uint64_t>& jit_starts);
@@ -128,6 +136,7 @@ private:
     bool read_dump(const std::string& path, std::string name, PerfMap& out);
 
     std::string dir_, proc_;
+    uid_t owner_;
     mutable std::mutex mu_;
     std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> by_pid_;
     std::vector<std::string> problems_;
