@@ -143,7 +143,7 @@ std::string default_probe_group(const std::string& binary) {
         size_t p = base.find(suffix);
         if (p != std::string::npos) base = base.substr(0, p);
     }
-    std::string g = "gil_";
+    std::string g = kProbeGroupPrefix;
     for (char ch : base) g += std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '_';
     return g.substr(0, 48);
 }
@@ -338,9 +338,13 @@ size_t remove_probes(const std::string& group, const std::string& tracefs) {
     for (const auto& l : read_lines(file)) {
         std::string key = probe_key(l);
         std::string g = key.substr(0, key.find('/'));
-        if (group.empty() ? g.rfind("gil_", 0) == 0 : g == group) {
-            append_line(file, "-:" + key);
-            ++n;
+        if (group.empty() ? g.rfind(kProbeGroupPrefix, 0) == 0 : g == group) {
+            try {
+                append_line(file, "-:" + key);
+                ++n;
+            } catch (const Error& e) {  // EBUSY: a running perf records it; left to that run
+                std::fprintf(stderr, "gilscan: %s: not removed: %s\n", key.c_str(), e.what());
+            }
         }
     }
     return n;
@@ -362,8 +366,9 @@ int probe_main(int argc, char** argv) {
                       "Default target: the python3 on PATH (shims resolved to the real interpreter and the\n"
                       "libpython it loads).\n\n"
                       "  --print    only print the addresses and the uprobe_events / perf probe lines\n"
-                      "  --remove   delete the probes (of --group, else every gil_* group)\n"
-                      "  --group    probe group name (default: gil_<binary name>)");
+                      "  --remove   delete the probes (of --group, else of gilscan's own gilscan_* groups;\n"
+                      "             probes in use by a running perf stay, as the kernel keeps them)\n"
+                      "  --group    probe group name (default: gilscan_<binary name>)");
             return 0;
         } else if (!a.empty() && a[0] == '-') {
             std::fprintf(stderr, "gilscan: error: unknown option %s\n", a.c_str());

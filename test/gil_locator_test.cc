@@ -92,8 +92,8 @@ TEST_CASE("Debian's stripped python3.11: take_gil is the call target in PyEval_R
     REQUIRE(std::regex_search(f, m, std::regex(R"(File Offset: 0x([0-9a-f]+))")));
     CHECK(plan.probes[0].offset == std::stoull(m[1].str(), nullptr, 16));
     CHECK(plan.probes[0].offset != loc.take[0].vaddr);  // non-PIE: offset and address differ
-    CHECK(plan.probes[0].line().rfind("p:gil_python3_11/take_gil /usr/bin/python3.11:0x", 0) == 0);
-    CHECK(plan.probes[1].line().rfind("r:gil_python3_11/take_gil__return ", 0) == 0);
+    CHECK(plan.probes[0].line().rfind("p:gilscan_python3_11/take_gil /usr/bin/python3.11:0x", 0) == 0);
+    CHECK(plan.probes[1].line().rfind("r:gilscan_python3_11/take_gil__return ", 0) == 0);
     // drop_gil: a real function for some callers, inlined into PyEval_SaveThread.
     bool inlined_note = false;
     for (const auto& n : loc.notes) inlined_note |= n.find("inlined into PyEval_SaveThread") != std::string::npos;
@@ -239,4 +239,25 @@ TEST_CASE("build_id_debug_path: where Debian's debug packages put a build's debu
     const std::string id = ElfFile("/lib/x86_64-linux-gnu/libc.so.6").build_id();
     REQUIRE(id.size() == 40);
     CHECK(fs::exists(build_id_debug_path(id)));
+}
+
+TEST_CASE("probe --remove without a group removes gilscan's own groups only; install touches only its group") {
+    std::string tracefs;
+    REQUIRE_NOTHROW(tracefs = tracefs_dir(true));
+    const std::string pid = std::to_string(::getpid());
+    // A hand-made group of the old default name, and the GIL post's recipe's,
+    // with the same event names as gilscan's.
+    ProbePlan mine = plan_probes("/usr/bin/python3.11", std::string(kProbeGroupPrefix) + "test_" + pid);
+    ProbePlan hand = plan_probes("/usr/bin/python3.11", "gil_hand_" + pid);
+    ProbePlan blog = plan_probes("/usr/bin/python3.11", "python" + pid);
+    for (const ProbePlan* p : {&hand, &blog, &mine}) install_probes(*p, tracefs);
+    std::string events = shell_output("cat " + tracefs + "/uprobe_events");
+    for (const ProbePlan* p : {&hand, &blog, &mine}) CHECK(events.find(p->group + "/take_gil ") != std::string::npos);
+    CHECK(remove_probes("", tracefs) >= mine.probes.size());
+    events = shell_output("cat " + tracefs + "/uprobe_events");
+    CHECK(events.find(mine.group + "/") == std::string::npos);
+    CHECK(events.find(hand.group + "/take_gil ") != std::string::npos);
+    CHECK(events.find(blog.group + "/take_gil ") != std::string::npos);
+    CHECK(remove_probes(hand.group, tracefs) == hand.probes.size());
+    CHECK(remove_probes(blog.group, tracefs) == blog.probes.size());
 }

@@ -18,6 +18,11 @@
 
 namespace gilscan {
 
+// The prefix of the probe groups gilscan makes (gilscan_<binary name>):
+// probe --remove without --group removes only those, never a group made by
+// hand (perf probe's, the python: probes of the GIL post's recipe).
+inline constexpr const char* kProbeGroupPrefix = "gilscan_";
+
 struct UprobeSpec {
     std::string group, event, path;
     uint64_t offset = 0;
