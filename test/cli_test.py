@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(any(e["ph"] == "M" and e["name"] == "thread_name" for e in ev), "thread name metadata")
     raw = open(trace).read()
     check('"ts":' in raw and '.' in raw.split('"ts":', 1)[1][:25], "ts in microseconds with a fraction")
-    check(not glob.glob(os.path.join(tmp, "*.tmp.*")), "no temporary files left")
+    check(not glob.glob(os.path.join(tmp, ".*.gilscan-*")), "no temporary files left")
     s = json.load(open(summ))
     keys = {"pid", "tid", "comm", "span_us", "running_us", "runnable_us", "sleep_us", "sleep_count",
             "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us"}
@@ -341,7 +341,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(plain[0] == plain[1] and b'"S(GIL)"' in plain[0], "-j without --sleep-stacks: the same classification")
 
     # The debuginfo cache (inflated copies of compressed debug files, by
-    # build-id): $GILSCAN_CACHE_DIR/debuginfo by default, --cache-dir DIR,
+    # build-id): $GILSCAN_CACHE_DIR/gilscan-cache by default, --cache-dir DIR (DIR/gilscan-cache),
     # --no-cache; the same trace cold, warm and without it. stacks_py311's
     # glibc frames are named from libc6-dbg's zlib-compressed debug file.
     stk = os.path.join(DATA, "stacks_py311.data")
@@ -358,14 +358,14 @@ with tempfile.TemporaryDirectory() as tmp:
         cached.append(open(t_, "rb").read())
     check(b"[inlined] __pthread_cond_wait_common (libc.so.6)" in cached[0], "glibc inline frames named")
     check(all(c == cached[3] for c in cached), "the same trace cold, warm, with --cache-dir and with --no-cache")
-    check(len(glob.glob(os.path.join(dirs["env"], "debuginfo", "*.debug"))) == 1, "default: $GILSCAN_CACHE_DIR/debuginfo")
-    check(len(glob.glob(os.path.join(dirs["flag"], "*.debug"))) == 1, "--cache-dir DIR: entries in DIR")
+    check(len(glob.glob(os.path.join(dirs["env"], "gilscan-cache", "*.debug"))) == 1, "default: $GILSCAN_CACHE_DIR/gilscan-cache")
+    check(len(glob.glob(os.path.join(dirs["flag"], "gilscan-cache", "*.debug"))) == 1, "--cache-dir DIR: entries in DIR/gilscan-cache")
     check(not os.path.exists(dirs["none"]), "--no-cache writes nothing")
     # Frame names kept beside them (name_store.h), one file per binary named.
-    kept = glob.glob(os.path.join(dirs["env"], "debuginfo", "names-*"))
+    kept = glob.glob(os.path.join(dirs["env"], "gilscan-cache", "names-*"))
     check(len(kept) >= 2 and all(os.stat(k).st_mode & 0o077 == 0 for k in kept),
           f"frame names kept per binary, mode 0600 ({kept})")
-    check(glob.glob(os.path.join(dirs["flag"], "names-*")), "--cache-dir DIR: frame names in DIR")
+    check(glob.glob(os.path.join(dirs["flag"], "gilscan-cache", "names-*")), "--cache-dir DIR: frame names in DIR/gilscan-cache")
 
     # A write error in the background writer is an error of the run, not a short trace
     if os.path.exists("/dev/full"):
@@ -404,7 +404,7 @@ with tempfile.TemporaryDirectory() as tmp:
             r = run(os.path.join(DATA, "plain.data"), "-q", "-j", j, "-o", dev, "--summary-json", dev)
             check(r.returncode == 0 and stat.S_ISCHR(os.lstat(dev).st_mode),
                   f"-o /dev/null (-j {j}) writes to the device and leaves it one ({r.stderr[:200]})")
-        check(not glob.glob(os.path.join(tmp, "null.tmp.*")), "no temporary beside the device")
+        check(not glob.glob(os.path.join(tmp, ".null.gilscan-*")), "no temporary beside the device")
     fifo = os.path.join(tmp, "trace.fifo")
     os.mkfifo(fifo)
     for j in ("1", "2"):
@@ -471,7 +471,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r.returncode != 0, f"{name}: non-zero exit")
         check(r.stderr.startswith(f"gilscan: error: {p}:"), f"{name}: 'gilscan: error: FILE: reason' ({r.stderr!r})")
         check(len(r.stderr.strip().splitlines()) == 1, f"{name}: one line")
-        check(not os.path.exists(out) and not glob.glob(out + ".tmp.*"), f"{name}: no output file left")
+        check(not os.path.exists(out) and not glob.glob(os.path.join(os.path.dirname(out), "." + os.path.basename(out) + ".gilscan-*")), f"{name}: no output file left")
     r = run(os.path.join(tmp, "missing.data"), "-o", os.path.join(tmp, "m.json"))
     check(r.returncode != 0 and "gilscan: error:" in r.stderr, "missing file")
     r = run(tmp)

@@ -251,7 +251,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r.returncode == 0, f"-j {j} --sleep-stacks {extra} ({r.stderr[-300:]})")
         kernel_traces.append(open(kt, "rb").read() if r.returncode == 0 else b"")
         if j == 1:
-            entries = glob.glob(os.path.join(kcache, "kallsyms-*"))
+            entries = glob.glob(os.path.join(kcache, "gilscan-cache", "kallsyms-*"))
             check(len(entries) == 1 and os.stat(entries[0]).st_mode & 0o777 == 0o600,
                   f"the kernel's symbols cached, readable by this user only ({entries})")
     check(kernel_traces[0] == kernel_traces[1] == kernel_traces[2] == kernel_traces[3],
