@@ -105,7 +105,7 @@ TEST_CASE("python resolution: the pyenv shim (bash that execs) leads to its libp
     std::string bin = resolve_python_binary("/root/.pyenv/shims/python3");
     CHECK(bin.find("libpython3") != std::string::npos);
     CHECK(resolve_python_binary("/usr/bin/python3.11") == "/usr/bin/python3.11");
-    CHECK(default_probe_group("/x/libpython3.11.so.1.0") == "gil_libpython3_11");
+    CHECK(default_probe_group("/x/libpython3.11.so.1.0") == "gilscan_libpython3_11");
     CHECK(symbol_base_name("take_gil.lto_priv.0") == "take_gil");
     CHECK(symbol_base_name("take_gil.constprop.0.isra.0") == "take_gil");
     CHECK(symbol_base_name("drop_gil.cold") == "drop_gil");
