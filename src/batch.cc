@@ -71,7 +71,9 @@ void write_all(int fd, const char* p, size_t n, const std::string& in) {
 // under dir: nothing is left behind whatever ends the run. The caller reads
 // it as /proc/self/fd/N. A copy cut short, or one past the bound, is an
 // error, never analysed as if whole.
-int unzstd(const std::string& in, const std::string& dir, uint64_t max_bytes) {
+}  // namespace
+
+int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes) {
     const int src = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
     if (src < 0) throw Error(in, Error::no_offset, std::string("cannot open: ") + std::strerror(errno));
     std::string name;
@@ -134,6 +136,8 @@ int unzstd(const std::string& in, const std::string& dir, uint64_t max_bytes) {
     }
     return dst;
 }
+
+namespace {
 
 struct Result {
     std::string path;
@@ -446,7 +450,7 @@ int batch_one_main(int argc, char** argv) {
     try {
         int unpacked = -1;
         if (path.ends_with(".zst")) {
-            unpacked = unzstd(path, temp_dir(), max_unpacked);
+            unpacked = unpack_zstd_archive(path, temp_dir(), max_unpacked);
             o.input = "/proc/self/fd/" + std::to_string(unpacked);
             o.display_name = path;
         }

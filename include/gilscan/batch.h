@@ -16,6 +16,7 @@
 // recording, process and function (perf maps from --perf-maps DIR).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ namespace gilscan {
 std::vector<std::string> batch_inputs(const std::vector<std::string>& paths);
 
 int batch_main(int argc, char** argv);
+
+// A .zst archive unpacked into a file with no name under dir (read it as
+// /proc/self/fd/N; close it when done): at most max_bytes, and never into
+// the last tenth (at most 1 GiB) of dir's free space. A copy cut short, a
+// bomb past the bound or a failed write throws gilscan::Error.
+int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes);
 
 // Each recording is analysed by this executable run again as
 // `gilscan __batch-one FILE [options]` (batch_one_main), which prints one
