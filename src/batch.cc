@@ -67,22 +67,31 @@ void write_all(int fd, const char* p, size_t n, const std::string& in) {
     }
 }
 
-// A .zst archive, decompressed into a file with no name (unlinked at once)
-// under dir: nothing is left behind whatever ends the run. The caller reads
-// it as /proc/self/fd/N. A copy cut short, or one past the bound, is an
-// error, never analysed as if whole.
+// A file with no name under dir (O_TMPFILE; else a random exclusive name
+// unlinked at once): nothing of it outlives the process.
+int nameless_file(const std::string& dir) {
+    int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+    std::string name;
+    fd = create_named_temporary(dir, "gilscan-unpacked", O_RDWR, 0600, &name);
+    if (fd >= 0) remove_temporary(name);
+    return fd;
+}
+
 }  // namespace
 
+// Unpacked into a nameless file, read by the caller as /proc/self/fd/N; a
+// copy cut short, or one past the bound, is an error, never analysed as if
+// whole.
 int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes) {
     const int src = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
     if (src < 0) throw Error(in, Error::no_offset, std::string("cannot open: ") + std::strerror(errno));
-    std::string name;
-    const int dst = create_named_temporary(dir, "gilscan-unpacked", O_RDWR, 0600, &name);
+    const int dst = nameless_file(dir);
     if (dst < 0) {
+        const int e = errno;
         ::close(src);
-        throw Error(in, Error::no_offset, "cannot create a temporary file in " + dir + ": " + std::strerror(errno));
+        throw Error(in, Error::no_offset, "cannot create a temporary file in " + dir + ": " + std::strerror(e));
     }
-    remove_temporary(name);  // open, nameless from here on
     ZSTD_DCtx* d = ZSTD_createDCtx();
     struct Closer {
         int src;
@@ -429,8 +438,9 @@ std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
 int batch_one_main(int argc, char** argv) {
     AnalysisOptions o;
     uint64_t max_unpacked = kDefaultMaxUnpacked;
-    std::string cache;
-    for (int i = 2; i < argc; ++i) {
+    if (argc < 3) throw UsageError("no recording given");
+    o.input = argv[2];  // first, whatever its name (one_args puts it there)
+    for (int i = 3; i < argc; ++i) {
         const std::string a = argv[i];
         auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
         if (a == "--gil-evidence") o.gil_evidence = value();
@@ -443,7 +453,7 @@ int batch_one_main(int argc, char** argv) {
         else if (a == "--no-cache") o.debuginfo_cache.clear();
         else if (a == "--gil-functions") o.gil_functions = true;
         else if (a == "-o") o.output = value();
-        else o.input = a;
+        else throw UsageError("unknown option " + a);
     }
     const std::string path = o.input;
     nlohmann::json answer;
