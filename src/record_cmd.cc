@@ -186,7 +186,8 @@ std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool
     std::vector<std::string> a = {"perf", "record", "-k", "CLOCK_MONOTONIC", "-o", out};
     if (state) {
         a.insert(a.end(), {"-e", stacks ? "sched:sched_switch/call-graph=dwarf/" : "sched:sched_switch", "-e",
-                           "sched:sched_wakeup", "-e", "sched:sched_waking", "-e", "sched:sched_process_fork"});
+                           "sched:sched_wakeup", "-e", "sched:sched_waking", "-e", "sched:sched_process_fork", "-e",
+                           "sched:sched_process_exit"});
     } else if (stacks) {
         a.insert(a.end(), {"-e", "sched:sched_switch/call-graph=dwarf/"});
     }

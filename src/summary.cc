@@ -263,6 +263,9 @@ nlohmann::json thread_json(const ThreadSummary& t) {
     r["comm"] = t.st.comm;
     r["main_thread"] = t.main_thread;
     r["span_us"] = us(t.span_ns);
+    // The span's ends on the recording's clock (CLOCK_MONOTONIC with record's -k): first event or fork, exit or end.
+    r["first_ns"] = t.st.first_seen;
+    r["last_ns"] = t.st.last_seen;
     r["running_us"] = us(t.st.running_ns);
     r["runnable_us"] = us(t.st.runnable_ns);
     r["hidden_switch_ins"] = t.st.hidden_switch_ins;

@@ -233,6 +233,10 @@ void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> a
 void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s,
                           const EventInfo& ev) {
     ++th.st.switches_out;
+    if (th.st.exited && th.dead) {  // its last switch-out, after its exit closed it
+        if (ps.cls == StateClass::Dead) live_.erase(th.st.tid);
+        return;
+    }
     th.st.seen_switch = true;
     close(th, t, false);
     th.known = true;
@@ -388,7 +392,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         SchedExit x;
         if (!dec_.decode(s, ev, swap, x)) return;
         ++sched_events_;
-        if (Thread* const* p = live_.find(x.pid)) (*p)->st.exited = true;
+        if (Thread* const* p = live_.find(x.pid)) end_thread(**p, t);
         break;
     }
     default: break;
@@ -439,7 +443,19 @@ void Timeline::on_fork(const TaskEvent& e) {
 }
 
 void Timeline::on_exit(const TaskEvent& e) {
-    if (Thread* const* p = live_.find(e.tid)) (*p)->st.exited = true;
+    const uint64_t t = e.sid.has_time ? e.sid.time : e.time ? e.time : last_time_;  // as perf script shows it
+    if (Thread* const* p = live_.find(e.tid)) end_thread(**p, t);
+}
+
+void Timeline::end_thread(Thread& th, uint64_t t) {
+    if (th.st.exited) return;  // sched_process_exit and PERF_RECORD_EXIT both come
+    th.st.exited = true;
+    if (!th.known || th.dead) return;
+    const uint64_t at = std::max(t, th.since);
+    close(th, at, false);
+    touch(th, at);
+    th.known = false;
+    th.dead = true;  // stays findable by its tid until the tid is reused (on_fork)
 }
 
 void Timeline::on_lost(const LostEvent& e) {

@@ -17,7 +17,10 @@ Rules mirrored here (the spec, restated on perf's text):
   switch-out into S/D, with no sample of the thread in between, ends the
   sleep at once (zero length; the kernel's ttwu / __schedule race);
 - a woken or preempted thread seen as the current task of a sample is
-  running from then on (its switch-in was not recorded).
+  running from then on (its switch-in was not recorded);
+- a thread's state ends at its exit, the first of PERF_RECORD_EXIT (perf
+  script --show-task-events) and sched:sched_process_exit naming it: a sleep
+  open then ends there, and nothing after it changes the thread.
 GIL uprobes: per thread, wait = take_gil entry -> return, held = return ->
 next drop_gil entry. Per GIL ("gils"): a process's GILs are told apart by the
 take_gil entry's gil= address (subinterpreters with their own GIL, 3.12+);
@@ -70,7 +73,8 @@ def lost_stats(path):
 
 
 def main(path):
-    text = subprocess.run(["perf", "script", "-i", path, "--ns", "-F", "comm,pid,tid,cpu,time,event,trace"],
+    text = subprocess.run(["perf", "script", "-i", path, "--ns", "--show-task-events",
+                           "-F", "comm,pid,tid,cpu,time,event,trace"],
                           check=True, capture_output=True, text=True).stdout
     counts = {}
     monitored = set()
@@ -96,6 +100,12 @@ def main(path):
             else:
                 r[2] += 1
                 r[3] += max(0, t - x["since"])
+
+    def exit_thread(tid, t):
+        x = T(tid)
+        if x["state"] != "exited":
+            end_wait(tid, t)
+            x["state"], x["since"] = "exited", t
 
     gil = {}  # tid -> dict(state, since, wait, hold, first, last)
     gil_sleeps = {}  # tid -> sleeps that started inside take_gil
@@ -208,6 +218,14 @@ def main(path):
         if not m:
             continue
         ev = m.group("event")
+        if ev.startswith("PERF_RECORD_"):  # task events: not samples, not counted
+            if ev.startswith("PERF_RECORD_EXIT"):
+                exit_thread(int(m.group("tid")), int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")))
+            elif ev.startswith("PERF_RECORD_FORK"):
+                child = int(ev[ev.index(":") + 1:ev.index(")")])
+                if T(child)["state"] == "exited":  # a tid used again
+                    th.pop(child)
+            continue
         if "gil" in ev:
             gil_event(int(m.group("pid")), int(m.group("tid")), ev,
                       int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")), m.group("rest"))
@@ -216,10 +234,14 @@ def main(path):
         last = max(last, t)
         cur = int(m.group("tid"))
         f = fields(m.group("rest"))
+        if ev == "sched:sched_process_exit":
+            exit_thread(int(f["pid"]), t)
         if ev == "sched:sched_switch":
             prev, nxt = int(f["prev_pid"]), int(f["next_pid"])
             st = f["prev_state"]
-            if prev > 0:
+            if prev > 0 and T(prev)["state"] == "exited":
+                monitored.add(prev)
+            elif prev > 0:
                 monitored.add(prev)
                 x = T(prev)
                 end_wait(prev, t)

@@ -265,6 +265,11 @@ private:
     [[gnu::always_inline]] void emit_as(Thread& th, uint64_t start, uint64_t end, bool cut);
     Span span_of(const Thread& th, uint64_t start, uint64_t end, bool cut) const;
     void switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s, const EventInfo& ev);
+    // The thread exited at t (PERF_RECORD_EXIT, sched_process_exit): its
+    // state closes there. perf stops recording an exiting task before its
+    // last switch-out, so without this a thread that exits early would stay
+    // "running" until the recording ends.
+    void end_thread(Thread& th, uint64_t t);
     void switch_in(Thread& th, uint64_t t, uint32_t cpu);
     void wake(Thread& th, uint64_t t, int32_t waker);
     void touch(Thread& th, uint64_t t) {
