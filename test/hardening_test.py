@@ -197,9 +197,7 @@ with tempfile.TemporaryDirectory() as tmp:
     os.remove(sched)
 
     # --- Never touch what gilscan does not own ----------------------------------
-    # A name planted where the old temporary went: never followed.
-    victim = os.path.join(tmp, "victim")
-    open(victim, "w").write("precious")
+    # (A name planted where the old temporary went is tested in temp_files_test.cc.)
     # --cache-dir ~ must not prune the home directory: the cache lives in
     # its own subdirectory, and only gilscan's entries are ever removed.
     home = os.path.join(tmp, "home")
