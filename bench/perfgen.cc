@@ -28,11 +28,11 @@
 
 #include <zstd.h>
 
-#include "gilscan/header.h"
-#include "gilscan/perf_abi.h"
-#include "gilscan/sample.h"
-#include "gilscan/sched_events.h"
-#include "gilscan/session.h"
+#include "gilscan/perfdata/header.h"
+#include "gilscan/perfdata/perf_abi.h"
+#include "gilscan/perfdata/sample.h"
+#include "gilscan/sched/sched_events.h"
+#include "gilscan/perfdata/session.h"
 
 using namespace gilscan;
 

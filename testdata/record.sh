@@ -1,7 +1,7 @@
 #!/bin/bash
 # Re-records gilscan's real test recordings (run as root on a machine with
 # perf, tracefs and the pyenv Pythons). The golden expectations are then
-# regenerated from `perf script` with test/golden_expect.py.
+# regenerated from `perf script` with test/e2e/golden_expect.py.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-/root/.pyenv/versions/3.11.7/bin/python3}

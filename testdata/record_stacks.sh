@@ -1,7 +1,7 @@
 #!/bin/bash
 # Records the stack-classification test data: each recording has DWARF user
 # stacks on sched_switch, and beside it a system-wide uprobe recording of
-# take_gil entry/return is the ground truth (test/stack_truth.py turns it
+# take_gil entry/return is the ground truth (test/e2e/stack_truth.py turns it
 # into <name>.truth.json). Run as root; needs perf, tracefs and the Pythons.
 # ONLY=name records that one alone.
 set -euo pipefail

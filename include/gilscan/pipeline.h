@@ -1,0 +1,67 @@
+// The whole analysis of one recording, stage by stage (the ordered list the
+// command line and `gilscan batch` share).
+//
+//   AnalysisOptions o;
+//   o.input = "perf.data";
+//   o.output = "trace.json";          // "" = no trace
+//   FileSummary s = analyse_recording(o);
+//
+// Stages: file/header/features -> records in time order (Session) ->
+// tracepoint formats -> process maps -> binaries, unwinding, GIL locator ->
+// GIL uprobes -> thread state machines (Timeline) -> trace and summary.
+// Throws gilscan::Error for an input that is not a usable recording; the
+// trace is then not written.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "gilscan/output/summary.h"
+#include "gilscan/output/trace_writer.h"
+
+namespace gilscan {
+
+struct AnalysisOptions {
+    std::string input;
+    std::string display_name;   // the name to report (e.g. the .data.zst it came from)
+    std::string output;         // trace JSON path, "" = none
+    TraceOptions trace;
+    std::unordered_set<int32_t> pids;
+    std::string gil_evidence = "auto";  // auto | stacks | probes
+    std::string symfs;
+    std::string perf_maps;      // directory of perf-PID.map files for JIT frames' names ("": none; perf_map.h)
+    unsigned sleep_stacks = 0;
+    // GIL waits by Python function (SleepLabel::function): each S(GIL)
+    // sleep's stack unwound past take_gil to its first JIT frame, named by
+    // perf_maps; totalled in FileSummary::gil_functions.
+    bool gil_functions = false;
+    // -j: threads. 1: everything on the calling thread. 2: a reader thread
+    // and a trace-writing thread beside it. 3 and up, with --sleep-stacks:
+    // jobs - 2 threads unwind and symbolize the sleeps' stacks.
+    unsigned jobs = 1;
+    std::optional<bool> reader_thread;  // jobs >= 2: force the reader thread on or off (tests; default: from 4 MiB)
+    // With the reader thread: whether it classifies sleeps ahead of the stages
+    // (reader_stacks.h). Default: when the stages are behind, and never
+    // waiting for them. true: every sleep it can, waiting where a label
+    // needs the stages' thread (tests), false: never.
+    std::optional<bool> reader_stacks;
+    std::function<void(uint64_t, uint64_t)> progress;
+    // Where inflated copies of compressed debug files are kept (debuginfo_cache.h); "": none.
+    std::string debuginfo_cache;
+    // Called with the finished summary once the trace is committed, before
+    // the run's memory is freed. `gilscan FILE` reports there and ends the
+    // process: freeing a run's caches, Dwfls and buffers (libdw's trees, the
+    // read chunks' munmaps) took some 10 ms of a 0.15 s -j 2 --sleep-stacks
+    // run, work the kernel does anyway at exit.
+    std::function<void(const FileSummary&)> on_complete;
+};
+
+FileSummary analyse_recording(const AnalysisOptions& opt);
+
+// The default -j of `gilscan` and `gilscan batch`: every core (at least 1).
+unsigned all_cores();
+
+}  // namespace gilscan

@@ -1,0 +1,569 @@
+#include "gilscan/cli/batch.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gilscan/pipeline.h"
+#include "gilscan/cli/options.h"
+#include "gilscan/symbols/debuginfo_cache.h"
+#include "gilscan/error.h"
+#include "gilscan/output/output_file.h"
+#include "gilscan/output/temp_files.h"
+#include "gilscan/output/utf8.h"
+
+namespace gilscan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool wanted(const fs::path& p) {
+    const std::string name = p.filename().string();
+    return name.ends_with(".data") || name.ends_with(".data.zst") || name.starts_with("perf.data");
+}
+
+// How far an archive may unpack: --max-unpacked, and the free space of
+// the directory it unpacks into less a reserve (a tenth of that filesystem,
+// at most 1 GiB), so that a decompression bomb, or many archives unpacked at
+// once, cannot fill the disk.
+constexpr uint64_t kDefaultMaxUnpacked = 64ull << 30;
+uint64_t free_beyond_reserve(const std::string& dir) {
+    struct statvfs v {};
+    if (::statvfs(dir.c_str(), &v) != 0) return UINT64_MAX;  // unknown: --max-unpacked alone bounds it
+    const uint64_t total = uint64_t{v.f_blocks} * v.f_frsize, avail = uint64_t{v.f_bavail} * v.f_frsize;
+    const uint64_t reserve = std::min<uint64_t>(total / 10, 1ull << 30);
+    return avail > reserve ? avail - reserve : 0;
+}
+
+std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+void write_all(int fd, const char* p, size_t n, const std::string& in) {
+    while (n) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw Error(in, Error::no_offset, std::string("cannot unpack: write failed: ") + std::strerror(errno));
+        p += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+// A file with no name under dir (O_TMPFILE; else a random exclusive name
+// unlinked at once): nothing of it outlives the process.
+int nameless_file(const std::string& dir) {
+    int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+    std::string name;
+    fd = create_named_temporary(dir, "gilscan-unpacked", O_RDWR, 0600, &name);
+    if (fd >= 0) remove_temporary(name);
+    return fd;
+}
+
+}  // namespace
+
+// Unpacked into a nameless file, read by the caller as /proc/self/fd/N; a
+// copy cut short, or one past the bound, is an error, never analysed as if
+// whole.
+int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes) {
+    const int src = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
+    if (src < 0) throw Error(in, Error::no_offset, std::string("cannot open: ") + std::strerror(errno));
+    const int dst = nameless_file(dir);
+    if (dst < 0) {
+        const int e = errno;
+        ::close(src);
+        throw Error(in, Error::no_offset, "cannot create a temporary file in " + dir + ": " + std::strerror(e));
+    }
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    struct Closer {
+        int src;
+        ZSTD_DCtx* d;
+        ~Closer() {
+            ::close(src);
+            ZSTD_freeDCtx(d);
+        }
+    } closer{src, d};
+    try {
+        std::vector<char> ibuf(ZSTD_DStreamInSize()), obuf(ZSTD_DStreamOutSize());
+        uint64_t limit = std::min(max_bytes, free_beyond_reserve(dir)), written = 0, checked_at = 0;
+        auto too_large = [&] {
+            return Error(in, Error::no_offset,
+                         "unpacks to more than " + mib(limit) + " (--max-unpacked " + mib(max_bytes) +
+                             ", and the free space of " + dir + " less a reserve); not analysed");
+        };
+        size_t last = 0;
+        bool any = false, first = true;
+        for (;;) {
+            const ssize_t got = ::read(src, ibuf.data(), ibuf.size());
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0) throw Error(in, Error::no_offset, std::string("read: ") + std::strerror(errno));
+            if (got == 0) break;
+            any = true;
+            if (first) {  // a frame that states its size is refused before any byte is written
+                const unsigned long long size = ZSTD_getFrameContentSize(ibuf.data(), static_cast<size_t>(got));
+                if (size != ZSTD_CONTENTSIZE_UNKNOWN && size != ZSTD_CONTENTSIZE_ERROR && size > limit) throw too_large();
+                first = false;
+            }
+            ZSTD_inBuffer ib{ibuf.data(), static_cast<size_t>(got), 0};
+            while (ib.pos < ib.size) {
+                ZSTD_outBuffer ob{obuf.data(), obuf.size(), 0};
+                last = ZSTD_decompressStream(d, &ob, &ib);
+                if (ZSTD_isError(last))
+                    throw Error(in, Error::no_offset, std::string("not a zstd archive: ") + ZSTD_getErrorName(last));
+                if (ob.pos > limit - written) throw too_large();
+                write_all(dst, obuf.data(), ob.pos, in);
+                written += ob.pos;
+                if (written - checked_at >= (64u << 20)) {  // other unpackers share the disk
+                    checked_at = written;
+                    limit = std::min(limit, written + free_beyond_reserve(dir));
+                }
+            }
+        }
+        if (!any) throw Error(in, Error::no_offset, "empty file");
+        if (last != 0) throw Error(in, Error::no_offset, "zstd archive is cut short");
+    } catch (...) {
+        ::close(dst);
+        throw;
+    }
+    return dst;
+}
+
+namespace {
+
+struct Result {
+    std::string path;
+    std::string error;
+    bool write_error = false;  // the recording was read; its trace could not be written
+    std::string date;
+    nlohmann::json summary;    // summary_json() of the recording, from its analysing process
+};
+
+const char* kColumns[] = {"recording", "error",      "host",        "cmdline",     "date",       "pid",
+                          "tid",       "comm",       "main_thread", "span_us",     "running_us", "runnable_us",
+                          "sleep_us",  "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us",
+                          "lost_events", "lost_samples", "warnings"};
+
+// `all`: summary_json() of the recording (null for one that could not be read).
+std::vector<nlohmann::json> rows_of(const Result& r, const nlohmann::json& all) {
+    using nlohmann::json;
+    std::vector<json> rows;
+    auto base = [&]() {
+        json j;
+        for (const char* c : kColumns) j[c] = nullptr;
+        j["recording"] = r.path;
+        return j;
+    };
+    if (!r.error.empty()) {
+        json j = base();
+        j["error"] = r.error;
+        rows.push_back(j);
+        return rows;
+    }
+    std::string warnings;
+    for (const auto& w : all["warnings"]) warnings += (warnings.empty() ? "" : " | ") + w.get<std::string>();
+    auto common = [&](json& j) {
+        j["host"] = all["hostname"];
+        j["cmdline"] = all["cmdline"];
+        j["date"] = r.date;
+        j["lost_events"] = all["lost_events"];
+        j["lost_samples"] = all["lost_samples"];
+        j["warnings"] = warnings;
+    };
+    for (const auto& t : all["threads"]) {
+        json j = base();
+        common(j);
+        for (const char* k : {"pid", "tid", "comm", "main_thread", "span_us", "running_us", "runnable_us", "sleep_us",
+                              "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us"})
+            j[k] = t[k];
+        rows.push_back(j);
+    }
+    if (rows.empty()) {  // read fine, but no thread to report
+        json j = base();
+        common(j);
+        rows.push_back(j);
+    }
+    return rows;
+}
+
+// --gil-functions: one row per recording, process and Python function
+// (FileSummary::gil_functions, as --summary-json has them).
+const char* kFunctionColumns[] = {"recording", "pid", "function", "sleep_count", "sleep_us"};
+
+std::vector<nlohmann::json> function_rows_of(const Result& r, const nlohmann::json& all) {
+    std::vector<nlohmann::json> rows;
+    if (!r.error.empty()) return rows;  // its error is in the summary rows
+    for (const auto& f : all.value("gil_functions", nlohmann::json::array())) {
+        nlohmann::json j;
+        j["recording"] = r.path;
+        for (const char* k : {"pid", "function", "sleep_count", "sleep_us"}) j[k] = f[k];
+        rows.push_back(j);
+    }
+    return rows;
+}
+
+std::string csv_field(const nlohmann::json& v) {
+    std::string s = v.is_null() ? "" : v.is_string() ? valid_utf8(v.get<std::string>()) : json_dump(v);
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return q + "\"";
+}
+
+std::string trace_name(const std::string& path, size_t index) {
+    std::string base = fs::path(path).filename().string();
+    for (std::string_view suf : {".zst", ".data"})
+        if (base.size() > suf.size() && base.ends_with(suf)) base.resize(base.size() - suf.size());
+    return std::to_string(index) + "-" + base + ".json";
+}
+
+// Rows as CSV (a header line first) or JSON lines, by the file's name.
+std::string rows_text(const std::vector<nlohmann::json>& rows, const char* const* columns, size_t n_columns, bool csv) {
+    std::string text;
+    if (csv) {
+        for (size_t c = 0; c < n_columns; ++c) text += std::string(c ? "," : "") + columns[c];
+        text += "\n";
+    }
+    for (const auto& row : rows) {
+        if (csv) {
+            for (size_t c = 0; c < n_columns; ++c) {
+                if (c) text += ',';
+                text += csv_field(row[columns[c]]);
+            }
+            text += "\n";
+        } else {
+            text += json_dump(row) + "\n";
+        }
+    }
+    return text;
+}
+
+constexpr const char* kUsage =
+    "usage: gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] [--symfs DIR]\n"
+    "                     [--gil-evidence auto|stacks|probes] [--gil-functions out.jsonl|out.csv]\n"
+    "                     [--perf-maps DIR | --no-perf-maps] [--cache-dir DIR | --no-cache]\n"
+    "                     [--max-unpacked MIB] PATH...\n\n"
+    "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
+    "perf.data*) in parallel, each in a process of its own: one summary row per recording\n"
+    "and thread. A recording that cannot be read, or whose analysis crashes, gets a row\n"
+    "with its error; the exit status is 1 if nothing could be read or anything could not\n"
+    "be written.\n"
+    "--gil-functions writes GIL waits by Python function (gilscan --gil-functions), one\n"
+    "row per recording, process and function, naming JIT frames from DIR/perf-PID.map\n"
+    "(--perf-maps; default /tmp, as perf). *.zst archives unpack under $TMPDIR (else\n"
+    "/tmp), each to at most --max-unpacked MiB (default 65536) and never into the last\n"
+    "tenth (at most 1 GiB) of that disk's free space.\n";
+
+struct BatchOptions {
+    unsigned jobs = all_cores();
+    std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, perf_maps = "/tmp";
+    std::string cache_dir = default_debuginfo_cache_dir();
+    uint64_t max_unpacked = kDefaultMaxUnpacked;
+    std::vector<std::string> paths;
+};
+
+BatchOptions parse_batch_args(int argc, char** argv) {
+    BatchOptions o;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw UsageError(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "-j") {
+            o.jobs = cli_number<unsigned>("-j", value(), 1, 1024);
+        } else if (a == "--summary") {
+            o.summary_path = value();
+        } else if (a == "--traces") {
+            o.traces_dir = value();
+        } else if (a == "--symfs") {
+            o.symfs = value();
+        } else if (a == "--gil-evidence") {
+            o.evidence = value();
+            if (o.evidence != "auto" && o.evidence != "stacks" && o.evidence != "probes")
+                throw UsageError("--gil-evidence takes auto, stacks or probes");
+        } else if (a == "--gil-functions") {
+            o.functions_path = value();
+            if (o.functions_path.empty()) throw UsageError("--gil-functions needs a file");
+        } else if (a == "--perf-maps") {
+            o.perf_maps = value();
+            if (o.perf_maps.empty()) throw UsageError("--perf-maps needs a directory");
+        } else if (a == "--no-perf-maps") {
+            o.perf_maps.clear();
+        } else if (a == "--cache-dir") {
+            o.cache_dir = value();
+            if (o.cache_dir.empty()) throw UsageError("--cache-dir needs a directory");
+            o.cache_dir = cache_entries_dir(o.cache_dir);
+        } else if (a == "--no-cache") {
+            o.cache_dir.clear();
+        } else if (a == "--max-unpacked") {
+            o.max_unpacked = cli_number<uint64_t>("--max-unpacked", value(), 1, 1ull << 40) << 20;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            std::exit(std::fflush(stdout) == 0 ? 0 : 1);
+        } else if (!a.empty() && a[0] == '-') {
+            throw UsageError("unknown option " + a);
+        } else {
+            o.paths.push_back(a);
+        }
+    }
+    if (o.paths.empty()) throw UsageError("no recordings given");
+    return o;
+}
+
+std::string temp_dir() {
+    const char* t = std::getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
+// The analysing process's argument vector for recording i (batch_one_main reads it).
+std::vector<std::string> one_args(const BatchOptions& o, const std::string& input, size_t i, unsigned jobs) {
+    std::vector<std::string> a{"gilscan", kBatchOneCommand, input, "--gil-evidence", o.evidence, "-j",
+                               std::to_string(jobs), "--max-unpacked", std::to_string(o.max_unpacked >> 20)};
+    if (!o.symfs.empty()) a.insert(a.end(), {"--symfs", o.symfs});
+    if (o.perf_maps.empty()) a.push_back("--no-perf-maps");
+    else a.insert(a.end(), {"--perf-maps", o.perf_maps});
+    if (o.cache_dir.empty()) a.push_back("--no-cache");
+    else a.insert(a.end(), {"--cache-entries", o.cache_dir});
+    if (!o.functions_path.empty()) a.push_back("--gil-functions");
+    if (!o.traces_dir.empty()) a.insert(a.end(), {"-o", (fs::path(o.traces_dir) / trace_name(input, i)).string()});
+    return a;
+}
+
+std::string signal_name(int sig) {
+    const char* d = ::sigdescr_np(sig);
+    return "signal " + std::to_string(sig) + (d ? std::string(" (") + d + ")" : "");
+}
+
+// Runs one recording's analysis in a process of its own (this executable,
+// no shell) and reads its one JSON answer: a crash, or memory it cannot
+// get, ends that process and becomes this recording's error.
+void analyse_in_child(const std::vector<std::string>& args, Result& r) {
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw Error(r.path, Error::no_offset, std::string("pipe: ") + std::strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    if (rc != 0) {
+        ::close(out[0]);
+        throw Error(r.path, Error::no_offset, std::string("cannot start its analysis: ") + std::strerror(rc));
+    }
+    std::string answer;
+    char buf[65536];
+    for (;;) {
+        const ssize_t n = ::read(out[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        answer.append(buf, static_cast<size_t>(n));
+    }
+    ::close(out[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (WIFSIGNALED(status)) {
+        r.error = r.path + ": the analysis crashed: " + signal_name(WTERMSIG(status));
+        return;
+    }
+    nlohmann::json j = nlohmann::json::parse(answer, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+        r.error = r.path + ": the analysis ended without a result (exit status " +
+                  std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
+        return;
+    }
+    if (j.contains("error")) {
+        r.error = j["error"].get<std::string>();
+        r.write_error = j.value("write_error", false);
+        return;
+    }
+    r.summary = std::move(j["summary"]);
+    r.date = j.value("date", "");
+}
+
+void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& text) {
+    if (out) {
+        out->write(text);
+        return;
+    }
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+        throw Error("stdout", Error::no_offset, std::string("write failed: ") + std::strerror(errno ? errno : EIO));
+}
+
+}  // namespace
+
+std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
+    std::vector<std::string> out;
+    for (const auto& p : paths) {
+        std::error_code ec;
+        if (fs::is_directory(p, ec)) {
+            std::vector<std::string> found;
+            for (auto it = fs::recursive_directory_iterator(p, fs::directory_options::skip_permission_denied, ec);
+                 it != fs::recursive_directory_iterator(); it.increment(ec)) {
+                if (ec) break;
+                if (it->is_regular_file(ec) && wanted(it->path())) found.push_back(it->path().string());
+            }
+            std::sort(found.begin(), found.end());
+            out.insert(out.end(), found.begin(), found.end());
+        } else {
+            out.push_back(p);  // named explicitly: analysed whatever its name
+        }
+    }
+    return out;
+}
+
+// One recording, in the process batch_main started for it: its summary (or
+// its error) as one JSON object on stdout.
+int batch_one_main(int argc, char** argv) {
+    AnalysisOptions o;
+    uint64_t max_unpacked = kDefaultMaxUnpacked;
+    if (argc < 3) throw UsageError("no recording given");
+    o.input = argv[2];  // first, whatever its name (one_args puts it there)
+    for (int i = 3; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+        if (a == "--gil-evidence") o.gil_evidence = value();
+        else if (a == "-j") o.jobs = cli_number<unsigned>("-j", value(), 1, 1024);
+        else if (a == "--max-unpacked") max_unpacked = cli_number<uint64_t>("--max-unpacked", value(), 1, 1ull << 40) << 20;
+        else if (a == "--symfs") o.symfs = value();
+        else if (a == "--perf-maps") o.perf_maps = value();
+        else if (a == "--no-perf-maps") o.perf_maps.clear();
+        else if (a == "--cache-entries") o.debuginfo_cache = value();
+        else if (a == "--no-cache") o.debuginfo_cache.clear();
+        else if (a == "--gil-functions") o.gil_functions = true;
+        else if (a == "-o") o.output = value();
+        else throw UsageError("unknown option " + a);
+    }
+    const std::string path = o.input;
+    nlohmann::json answer;
+    try {
+        int unpacked = -1;
+        if (path.ends_with(".zst")) {
+            unpacked = unpack_zstd_archive(path, temp_dir(), max_unpacked);
+            o.input = "/proc/self/fd/" + std::to_string(unpacked);
+            o.display_name = path;
+        }
+        check_outputs({{"a trace", o.output}}, {path});
+        FileSummary s = analyse_recording(o);
+        if (unpacked >= 0) ::close(unpacked);
+        s.file = path;
+        // The recording's own clock data, else (as perf report does) the file's mtime.
+        struct stat st {};
+        const std::string date = !s.date.empty() ? s.date
+                                 : ::stat(path.c_str(), &st) == 0
+                                     ? iso8601_utc(static_cast<int64_t>(st.st_mtime) * 1000000000)
+                                     : "";
+        answer = {{"summary", summary_json(s)}, {"date", date}};
+    } catch (const Error& e) {
+        answer = {{"error", e.what()}, {"write_error", !o.output.empty() && e.file() == o.output}};
+    } catch (const std::bad_alloc&) {
+        answer = {{"error", path + ": out of memory"}};
+    } catch (const std::exception& e) {
+        answer = {{"error", path + ": " + e.what()}};
+    }
+    const std::string text = json_dump(answer);
+    return std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+int batch_main(int argc, char** argv) {
+    BatchOptions opt;
+    try {
+        opt = parse_batch_args(argc, argv);
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "gilscan: error: %s\n(see gilscan batch --help)\n", e.what());
+        return 2;
+    }
+    const std::vector<std::string> inputs = batch_inputs(opt.paths);
+    if (inputs.empty()) {
+        std::fprintf(stderr, "gilscan: error: no recordings found under the given paths\n");
+        return 1;
+    }
+    check_outputs({{"--summary", opt.summary_path}, {"--gil-functions", opt.functions_path}}, inputs);
+    remove_temporaries_on_signals();
+    if (!opt.traces_dir.empty()) fs::create_directories(opt.traces_dir);
+    const bool csv = opt.summary_path.ends_with(".csv");
+
+    std::vector<Result> results(inputs.size());
+    std::atomic<size_t> next{0}, done{0}, failed{0};
+    std::mutex progress_mu;
+    const bool tty = ::isatty(2);
+    auto progress = [&]() {
+        std::lock_guard<std::mutex> l(progress_mu);
+        size_t d = done.load(), n = inputs.size();
+        if (tty) {
+            const int width = 30;
+            int filled = static_cast<int>(width * d / n);
+            std::fprintf(stderr, "\r[%s%s] %zu/%zu recordings, %zu unreadable", std::string(filled, '#').c_str(),
+                         std::string(width - filled, '.').c_str(), d, n, failed.load());
+            if (d == n) std::fputc('\n', stderr);
+        }
+    };
+    // The threads split between the recordings analysed at once: many
+    // recordings, one thread each; fewer than -j, several.
+    const unsigned each = std::max(1u, opt.jobs / static_cast<unsigned>(std::min<size_t>(opt.jobs, inputs.size())));
+    auto worker = [&]() {
+        for (size_t i = next++; i < inputs.size(); i = next++) {
+            Result& r = results[i];
+            r.path = inputs[i];
+            try {
+                analyse_in_child(one_args(opt, r.path, i, each), r);
+            } catch (const std::exception& e) {
+                r.error = e.what();
+            }
+            if (!r.error.empty() && !r.write_error) ++failed;
+            ++done;
+            progress();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < std::min<size_t>(opt.jobs, inputs.size()); ++t) pool.emplace_back(worker);
+    for (auto& t : pool) t.join();
+
+    // Rows in input order, whatever order the workers finished in.
+    std::vector<nlohmann::json> rows, function_rows;
+    size_t write_failures = 0;
+    for (const auto& r : results) {
+        const nlohmann::json& all = r.error.empty() ? r.summary : nlohmann::json();
+        for (auto& row : rows_of(r, all)) rows.push_back(std::move(row));
+        if (!opt.functions_path.empty())
+            for (auto& row : function_rows_of(r, all)) function_rows.push_back(std::move(row));
+        if (r.write_error) ++write_failures;
+        if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
+    }
+    // Both files complete, or neither changed (OutputFile: written aside, renamed at commit).
+    std::unique_ptr<OutputFile> out, fn_out;
+    if (!opt.summary_path.empty()) out = std::make_unique<OutputFile>(opt.summary_path);
+    if (!opt.functions_path.empty()) fn_out = std::make_unique<OutputFile>(opt.functions_path);
+    print_or_write(out, rows_text(rows, kColumns, std::size(kColumns), csv));
+    if (fn_out) fn_out->write(rows_text(function_rows, kFunctionColumns, std::size(kFunctionColumns),
+                                        opt.functions_path.ends_with(".csv")));
+    if (out) out->commit();
+    if (fn_out) fn_out->commit();
+    std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows%s\n", inputs.size(),
+                 inputs.size() - failed.load() - write_failures, failed.load(), rows.size(),
+                 write_failures ? (", " + std::to_string(write_failures) + " trace(s) not written").c_str() : "");
+    return failed.load() == inputs.size() || write_failures ? 1 : 0;
+}
+
+}  // namespace gilscan

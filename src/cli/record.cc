@@ -1,0 +1,370 @@
+#include "gilscan/cli/record.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string_view>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "gilscan/error.h"
+#include "gilscan/gil/probe_plan.h"
+
+namespace gilscan {
+
+namespace {
+
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_resized = 0;
+
+void forward_signal(int sig) {
+    if (g_child > 0) ::kill(g_child, sig);
+}
+
+void note_resize(int) { g_resized = 1; }
+
+// Our stderr's window size onto the pseudo-terminal pty (either end).
+// True when it was set, or when our stderr has none to give.
+bool copy_window_size(int pty) {
+    winsize ws{};
+    return ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) != 0 || ::ioctl(pty, TIOCSWINSZ, &ws) == 0;
+}
+
+bool on_path(const std::string& cmd) {
+    const char* path = std::getenv("PATH");
+    std::string p = path ? path : "";
+    size_t pos = 0;
+    while (pos <= p.size()) {
+        size_t c = p.find(':', pos);
+        if (c == std::string::npos) c = p.size();
+        std::string dir = p.substr(pos, c - pos);
+        if (::access((dir + "/" + cmd).c_str(), X_OK) == 0) return true;
+        pos = c + 1;
+    }
+    return false;
+}
+
+int paranoid_level() {
+    std::ifstream f("/proc/sys/kernel/perf_event_paranoid");
+    int v = 2;
+    f >> v;
+    return v;
+}
+
+// perf's stderr (and the program's), from fd, to ours without perf's
+// "[ perf record: ... ]" lines (woken up N times, captured and wrote N MB).
+// Whatever cannot begin such a line passes at once, so that a progress
+// line the program ends with '\r' is not held back.
+//
+// Until perf (pid; its wait status into status) has exited and fd has
+// nothing more (a pipe's end of file, a pseudo-terminal's EIO once every
+// writer has closed it): a process the program left running may hold it
+// open for as long as it lives, and is not waited for.
+//
+// pty: fd is a pseudo-terminal's master standing in for our stderr's
+// terminal. When that terminal is resized (SIGWINCH, which interrupts the
+// poll below) the new size is copied to the pseudo-terminal, where the
+// program reads it (os.get_terminal_size(2), a progress bar's width) the
+// next time it asks: perf record starts the program with SIGWINCH blocked
+// (perf 6.1), so it is not told. Setting the size on a pseudo-terminal that
+// is nobody's controlling terminal signals no one.
+void filter_perf_lines(int fd, pid_t pid, int& status, bool pty) {
+    constexpr std::string_view kPerf = "[ perf record:";
+    std::string pending;
+    char buf[4096];
+    auto emit = [](std::string_view text) {
+        while (!text.empty()) {
+            const ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return;
+            text.remove_prefix(static_cast<size_t>(n));
+        }
+    };
+    auto perfs = [&](std::string_view line) { return line.substr(0, kPerf.size()) == kPerf; };
+    bool exited = false;
+    for (;;) {
+        if (pty && g_resized) {
+            g_resized = 0;
+            copy_window_size(fd);
+        }
+        pollfd p{fd, POLLIN, 0};
+        const int ready = ::poll(&p, 1, exited ? 0 : 100);
+        if (ready < 0 && errno == EINTR) continue;  // Ctrl-C, forwarded to perf
+        if (ready <= 0) {
+            if (exited) break;  // perf is gone and nothing is left to read
+            pid_t w;
+            while ((w = ::waitpid(pid, &status, WNOHANG)) < 0 && errno == EINTR) {}
+            exited = w == pid || w < 0;
+            continue;
+        }
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        pending.append(buf, static_cast<size_t>(n));
+        size_t start = 0;
+        for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+            const std::string_view line = std::string_view(pending).substr(start, nl + 1 - start);
+            if (!perfs(line)) emit(line);
+        }
+        pending.erase(0, start);
+        // The rest of a line: out now unless it may still become perf's.
+        const std::string_view rest = pending;
+        if (!rest.empty() && kPerf.substr(0, std::min(rest.size(), kPerf.size())) != rest.substr(0, kPerf.size())) {
+            emit(rest);
+            pending.clear();
+        }
+    }
+    if (!perfs(pending)) emit(pending);
+    if (!exited)
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+}
+
+[[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
+
+// The channel perf's stderr (and the program's) goes through for -q: fds[0]
+// is read by filter_perf_lines, fds[1] becomes perf's stderr; both
+// close-on-exec. When our stderr is a terminal, a pseudo-terminal of the
+// same size, so that the program still finds a terminal there (progress
+// bars, colours: isatty(2)); its output processing is off, so the bytes
+// come through as written ("\n" not turned into "\r\n"). Otherwise, or if
+// no pty can be had, a pipe, as our stderr is not a terminal either.
+// True for a pseudo-terminal.
+bool open_stderr_relay(int fds[2]) {
+    if (::isatty(STDERR_FILENO)) {
+        const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+        if (master >= 0 && ::grantpt(master) == 0 && ::unlockpt(master) == 0) {
+            char name[128];
+            const int slave = ::ptsname_r(master, name, sizeof name) == 0 ? ::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC) : -1;
+            termios t{};
+            if (slave >= 0 && ::tcgetattr(STDERR_FILENO, &t) == 0) {
+                t.c_oflag &= ~static_cast<tcflag_t>(OPOST);
+                if (::tcsetattr(slave, TCSANOW, &t) == 0 && copy_window_size(slave)) {
+                    fds[0] = master;
+                    fds[1] = slave;
+                    return true;
+                }
+            }
+            if (slave >= 0) ::close(slave);
+        }
+        if (master >= 0) ::close(master);
+    }
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    return false;
+}
+
+constexpr const char* kUsage =
+    "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions]\n"
+    "                      [--trace trace.json] [--summary-json FILE] [--no-analyse] [-q] -- PROGRAM [ARGS...]\n\n"
+    "Records PROGRAM (e.g. python3 script.py, python3 -m module) with perf and analyses it.\n"
+    "  --state         scheduler tracepoints: sleeps, runnable time (default with --gil)\n"
+    "  --gil           take_gil/drop_gil uprobes on the Python that runs (placed as needed)\n"
+    "  --stacks        DWARF user stacks on sched_switch (needed to classify sleeps from stacks)\n"
+    "  --gil-functions GIL waits by Python function: --state --stacks, the program's Python\n"
+    "                  3.12+ run with perf support (PYTHONPERFSUPPORT=1), analysed with\n"
+    "                  gilscan --gil-functions (not with --gil: take_gil's return probe\n"
+    "                  ends the stacks there)\n"
+    "  -o FILE         the perf.data to write (default perf.data)\n"
+    "  --trace FILE    the Chrome trace to write (default trace.json)\n"
+    "  --no-analyse    only record\n"
+    "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay;\n"
+    "                  the program's stderr then passes through that filter, still a terminal if ours is)\n";
+
+}  // namespace
+
+std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
+                                          const std::string& probe_group, const std::vector<std::string>& command) {
+    std::vector<std::string> a = {"perf", "record", "-k", "CLOCK_MONOTONIC", "-o", out};
+    if (state) {
+        a.insert(a.end(), {"-e", stacks ? "sched:sched_switch/call-graph=dwarf/" : "sched:sched_switch", "-e",
+                           "sched:sched_wakeup", "-e", "sched:sched_waking", "-e", "sched:sched_process_fork", "-e",
+                           "sched:sched_process_exit"});
+    } else if (stacks) {
+        a.insert(a.end(), {"-e", "sched:sched_switch/call-graph=dwarf/"});
+    }
+    if (gil) a.insert(a.end(), {"-e", probe_group + ":*"});
+    a.push_back("--");
+    a.insert(a.end(), command.begin(), command.end());
+    return a;
+}
+
+RecordResult record_main(int argc, char** argv) {
+    RecordResult r;
+    r.data_file = "perf.data";
+    r.trace = "trace.json";
+    bool gil = false, state = false, stacks = false, analyse = true;
+    std::vector<std::string> command;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) fail(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--") {
+            for (++i; i < argc; ++i) command.emplace_back(argv[i]);
+            break;
+        } else if (a == "-o") {
+            r.data_file = value();
+        } else if (a == "--trace") {
+            r.trace = value();
+        } else if (a == "--summary-json") {
+            r.summary_json = value();
+        } else if (a == "--gil") {
+            gil = true;
+        } else if (a == "--state") {
+            state = true;
+        } else if (a == "--stacks") {
+            stacks = true;
+        } else if (a == "--gil-functions") {
+            r.gil_functions = true;
+        } else if (a == "--no-analyse") {
+            analyse = false;
+        } else if (a == "-q") {
+            r.quiet = true;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        } else if (!a.empty() && a[0] != '-') {
+            for (; i < argc; ++i) command.emplace_back(argv[i]);  // the program starts here
+            break;
+        } else {
+            fail("unknown option " + a + " (put the program after --)");
+        }
+    }
+    if (command.empty()) fail("no program to record: gilscan record -- python3 script.py");
+    if (r.gil_functions) {
+        // The function that waits is the first -X perf trampoline past
+        // take_gil on the GIL wait's stack; a uretprobe on take_gil replaces
+        // its return address with the kernel's trampoline while it runs, so
+        // no stack would get past it.
+        if (gil)
+            fail("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe (--gil) "
+                 "cuts short: leave out --gil");
+        state = stacks = true;
+    }
+    const bool gil_by_default = !gil && !state;
+    if (gil_by_default) gil = state = true;
+
+    // The problems users hit, one sentence each with the fix.
+    if (!on_path("perf")) fail("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)");
+    if (::geteuid() != 0 && paranoid_level() > -1)
+        fail("recording scheduler tracepoints and uprobes needs root or kernel.perf_event_paranoid=-1 (now " +
+             std::to_string(paranoid_level()) + "): run as root, or sysctl kernel.perf_event_paranoid=-1");
+    std::string tracefs;
+    try {
+        tracefs = tracefs_dir(true);
+    } catch (const Error& e) {
+        fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
+    }
+    std::string group;
+    if (gil) {
+        std::string python;
+        try {
+            python = resolve_python_binary(command[0]);
+        } catch (const Error& e) {
+            fail("no Python found to place GIL probes on (" + std::string(e.what()) +
+                 "); run a Python: gilscan record -- python3 script.py, or record without --gil");
+        }
+        ProbePlan plan = plan_probes(python);
+        // Python 2 takes and drops its GIL every 100 bytecodes: with four
+        // probe hits per switch (py2_gil.h) a spinning thread ran a third of
+        // its time in the probes here, which the figures then show as time
+        // without the GIL. Its stacks tell its GIL waits at no such cost: by
+        // default they are recorded instead; --gil probes it anyway.
+        if (gil_by_default && plan.python2) {
+            gil = false;
+            stacks = true;
+            if (!r.quiet)
+                std::fprintf(stderr, "gilscan: note: %s is Python 2, which switches the GIL every 100 bytecodes, "
+                             "too often for uprobes: recording stacks instead (--state --stacks), from which its "
+                             "GIL waits are told (--gil probes it anyway)\n",
+                             python.c_str());
+        } else {
+            install_probes(plan, tracefs);
+            group = plan.group;
+        }
+        if (gil && !r.quiet) {
+            std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), group.c_str());
+            for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
+            // A uretprobe swaps the probed function's return address for the
+            // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
+            // stack then ends at take_gil, and whatever called it (with
+            // python3 -X perf, the Python function that waits) is lost.
+            // (Python 2's probes where its lock calls return are plain ones.)
+            if (stacks && !plan.python2)
+                std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
+                           "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
+                           "for Python functions)\n",
+                           stderr);
+        }
+    }
+    // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
+    // are not (perf's -q would hide those too): perf's stderr becomes a pipe
+    // or a pseudo-terminal read here (open_stderr_relay). The program, which
+    // perf starts with perf's descriptors, writes there too. (Not wrapped to
+    // get the real stderr back: the wrapper's exec would be in the
+    // recording, and with it in the test suite's environment perf script
+    // unwound the program's stacks no further than one frame.)
+    int err_relay[2] = {-1, -1};
+    const bool relay_pty = r.quiet && open_stderr_relay(err_relay);
+    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
+    std::vector<char*> cargs;
+    for (auto& s : args) cargs.push_back(s.data());
+    cargs.push_back(nullptr);
+
+    // For perf and the program it starts (set here, not between fork and
+    // exec, where only async-signal-safe calls belong): CPython 3.12+ then
+    // writes /tmp/perf-PID.map (as under -X perf), which names its
+    // trampolines; earlier Pythons ignore it, and the analysis says no stack
+    // reached a named frame. A value the user set is kept (0 turns it off).
+    if (r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
+    pid_t pid = ::fork();
+    if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+        // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copy.
+        if (r.quiet && ::dup2(err_relay[1], STDERR_FILENO) < 0) ::_exit(127);
+        ::execvp("perf", cargs.data());
+        std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
+        ::_exit(127);
+    }
+    g_child = pid;
+    struct sigaction sa {};
+    sa.sa_handler = forward_signal;
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    if (relay_pty) {
+        struct sigaction wa {};
+        wa.sa_handler = note_resize;  // no SA_RESTART: the filter's poll returns at once
+        ::sigaction(SIGWINCH, &wa, nullptr);
+        g_resized = 1;  // a resize between the relay's opening and here
+    }
+    int status = 0;
+    if (r.quiet) {
+        ::close(err_relay[1]);
+        filter_perf_lines(err_relay[0], pid, status, relay_pty);
+        ::close(err_relay[0]);
+    } else {
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    }
+    g_child = 0;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (relay_pty) signal(SIGWINCH, SIG_DFL);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::error_code ec;
+    r.analyse = analyse && std::filesystem::file_size(r.data_file, ec) > 0 && !ec;
+    if (!r.analyse && analyse)
+        fail("perf record wrote no recording (exit status " + std::to_string(r.status) + "); see perf's message above");
+    return r;
+}
+
+}  // namespace gilscan

@@ -1,0 +1,250 @@
+#include "gilscan/gil/gil_probes.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "gilscan/gil/gil_arg.h"
+#include "gilscan/gil/trace_sink.h"
+
+namespace gilscan {
+
+__attribute__((noinline)) GilTracker::Thread& GilTracker::add_thread(int32_t pid, int32_t tid) {
+    Thread& th = all_.emplace_back();
+    th.st.tid = tid;
+    th.st.tgid = pid > 0 ? pid : tid;
+    threads_.set(tid, &th);
+    return th;
+}
+
+__attribute__((noinline)) GilTracker::Process& GilTracker::add_process(int32_t pid, uint32_t index,
+                                                                      uint64_t address) {
+    Process& p = procs_.emplace_back();
+    p.st.pid = pid;
+    p.st.index = index;
+    p.st.address = address;
+    if (index == 0) proc_index_.set(pid, &p);
+    return p;
+}
+
+GilTracker::Process& GilTracker::gil_of(int32_t pid, uint64_t address) {
+    Process& first = process_of(pid);
+    if (address == 0 || first.st.address == address) return first;
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pid)) << 32) ^ address;
+    // Hashed, not a walk along the process's GILs: a damaged file can name
+    // any number of addresses.
+    auto [it, added] = by_address_.try_emplace(key);
+    if (!added)
+        for (Process* p : it->second)
+            if (p->st.pid == pid && p->st.address == address) return *p;
+    // The first GIL was made before any address was seen (a return probe,
+    // a drop): it is the first address's.
+    if (first.st.address == 0) {
+        first.st.address = address;
+        it->second.push_back(&first);
+        return first;
+    }
+    Process& p = add_process(pid, first.gils++, address);
+    it->second.push_back(&p);
+    return p;
+}
+
+uint64_t GilTracker::gil_address(const Sample& s, const EventInfo& ev) {
+    if (!ev.format) return 0;
+    const auto i = static_cast<size_t>(ev.index);
+    if (i >= gil_fields_.size()) gil_fields_.resize(i + 1);
+    GilField& g = gil_fields_[i];
+    if (!g.known || g.generation != ev.generation) {
+        g = {true, ev.generation, ev.format->field(kGilArgField)};
+        // A probe placed by hand may name a field `gil` of another kind: only an address-sized one.
+        if (g.field && (g.field->size != 8 || g.field->data_loc || g.field->rel_loc || g.field->is_array))
+            g.field = nullptr;
+    }
+    return g.field ? read_uint(s.raw, *g.field, swap_) : 0;
+}
+
+void GilTracker::account(Process& p, uint64_t t) {
+    if (t > p.changed) {
+        const uint64_t dt = t - p.changed;
+        if (p.holders > 0) p.st.held_ns += dt;
+        if (p.holders > 0 && p.waiters > 0) p.st.contended_ns += dt;
+        if (p.waiters > 0) p.st.waiting_ns += dt;
+    }
+    p.changed = std::max(p.changed, t);
+}
+
+void GilTracker::waiters_changed(Process& p, uint64_t t) {
+    p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
+    if (trace_) trace_->gil_waiters(p.st.pid, p.st.index, t, p.waiters);
+}
+
+void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
+    // Close the holder track's previous span.
+    if (p.holder > 0 && trace_ && t > p.holder_since)
+        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid, p.st.index), p.holder, p.holder_since, t);
+    p.holder = tid;
+    p.holder_since = t;
+}
+
+void GilTracker::end_wait(Thread& th, uint64_t t, bool cut) {
+    const uint64_t d = t > th.since ? t - th.since : 0;
+    th.st.wait_ns += d;
+    if (trace_)
+        trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.gil ? th.gil->st.index : 0, th.since, t, cut);
+}
+
+void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
+    const uint64_t d = t > th.since ? t - th.since : 0;
+    th.st.hold_ns += d;
+    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, p.st.index, th.since, t, cut);
+    account(p, t);
+    if (p.holders > 0) --p.holders;
+    if (p.holder == th.st.tid) set_holder(p, -1, t);
+}
+
+__attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const EventInfo& ev, TpKind k) {
+    ++probe_events_;
+    const uint64_t t = s.time;
+    Thread& th = thread_of(s.pid, s.tid);
+    th.st.first = std::min(th.st.first, t);
+    th.st.last = std::max(th.st.last, t);
+    // Which GIL: a take_gil entry's `gil` field when the probe has one; every
+    // other probe acts on the GIL of the thread's last take (a thread swaps
+    // interpreters by dropping one GIL and taking the other).
+    const uint64_t address = k == TpKind::GilTake ? gil_address(s, ev) : 0;
+    if (!th.gil || th.gil->st.pid != th.st.tgid) th.gil = &process_of(th.st.tgid);
+    Process& was = *th.gil;  // what it waits for or holds now
+    Process& p = k == TpKind::GilTake && address ? gil_of(th.st.tgid, address) : was;
+    p.st.first = std::min(p.st.first, t);
+    p.st.last = std::max(p.st.last, t);
+    switch (k) {
+    case TpKind::GilTake:
+        if (th.state == GilState::Waiting) {
+            ++anomalies_.take_without_return;  // the return was lost: count the wait so far
+            end_wait(th, t, false);
+            account(was, t);
+            --was.waiters;
+            if (&was != &p) waiters_changed(was, t);
+        } else if (th.state == GilState::Holding) {
+            ++anomalies_.implicit_drops;  // holding, asks again: dropped unseen just before
+            end_hold(th, was, t, false);
+        }
+        th.gil = &p;
+        th.st.gil_mask |= uint64_t{1} << std::min<uint32_t>(p.st.index, 63);
+        ++th.st.takes;
+        th.state = GilState::Waiting;
+        th.since = t;
+        account(p, t);
+        ++p.waiters;
+        waiters_changed(p, t);
+        break;
+    case TpKind::GilTakeReturn:
+        if (th.state == GilState::Waiting) {
+            end_wait(th, t, false);
+            account(p, t);
+            --p.waiters;
+            waiters_changed(p, t);
+        } else {
+            ++anomalies_.return_without_take;
+        }
+        account(p, t);
+        if (p.holders > 0 && p.holder != th.st.tid) ++anomalies_.overlapping_holders;
+        th.st.gil_mask |= uint64_t{1} << std::min<uint32_t>(p.st.index, 63);
+        ++p.holders;
+        set_holder(p, th.st.tid, t);
+        th.state = GilState::Holding;
+        th.since = t;
+        break;
+    case TpKind::GilDrop:
+        ++th.st.drops;
+        if (th.state == GilState::Holding) {
+            end_hold(th, p, t, false);
+        } else {
+            ++anomalies_.drop_without_take;
+            if (th.state == GilState::Waiting) {
+                end_wait(th, t, false);
+                account(p, t);
+                --p.waiters;
+                waiters_changed(p, t);
+            }
+        }
+        th.state = GilState::Dropping;
+        th.since = t;
+        break;
+    case TpKind::GilDropReturn:
+        if (th.state == GilState::Dropping) th.state = GilState::None;
+        break;
+    default: break;
+    }
+}
+
+void GilTracker::finish(uint64_t end) {
+    for (auto& th : all_) {
+        Process& p = th.gil ? *th.gil : process_of(th.st.tgid);
+        uint64_t e = std::max(end, th.since);
+        if (th.state == GilState::Waiting) {
+            end_wait(th, e, true);
+            account(p, e);
+            --p.waiters;
+        } else if (th.state == GilState::Holding) {
+            end_hold(th, p, e, true);
+        }
+        th.state = GilState::None;
+    }
+    for (auto& p : procs_) {
+        account(p, std::max(end, p.changed));
+        if (p.holder > 0) set_holder(p, -1, std::max(end, p.holder_since));
+    }
+}
+
+GilState GilTracker::state(int32_t tid) const {
+    Thread* const* p = threads_.find(tid);
+    return p ? (*p)->state : GilState::None;
+}
+
+const GilThreadStats* GilTracker::thread(int32_t tid) const {
+    Thread* const* p = threads_.find(tid);
+    return p ? &(*p)->st : nullptr;
+}
+
+std::vector<GilThreadStats> GilTracker::threads() const {
+    std::vector<GilThreadStats> out;
+    for (const auto& th : all_) out.push_back(th.st);
+    return out;
+}
+
+std::vector<GilProcessStats> GilTracker::processes() const {
+    std::vector<GilProcessStats> out;
+    for (const auto& p : procs_) out.push_back(p.st);
+    std::sort(out.begin(), out.end(),
+              [](auto& a, auto& b) { return a.pid != b.pid ? a.pid < b.pid : a.index < b.index; });
+    return out;
+}
+
+}  // namespace gilscan
+
+namespace gilscan {
+
+SleepClassifier gil_probe_classifier(const GilTracker& gil) {
+    return [&gil](const Sample& s, const EventInfo&, const PrevState& ps, SleepLabel& l) {
+        if (ps.cls != StateClass::Sleeping || !gil.seen_probes()) return;
+        switch (gil.state(s.tid)) {
+        case GilState::Waiting:
+            if (l.text) {
+                l.name = "S(GIL)";
+                l.evidence_literal = "inside take_gil (uprobe)";
+            }
+            l.gil = true;
+            break;
+        case GilState::Dropping:
+            if (l.text) {
+                l.name = "S(GIL handoff)";
+                l.evidence_literal = "inside drop_gil (uprobe)";
+            }
+            break;
+        default: break;
+        }
+    };
+}
+
+}  // namespace gilscan

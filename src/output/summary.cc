@@ -1,0 +1,409 @@
+#include "gilscan/output/summary.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include "gilscan/perfdata/perf_abi.h"
+#include "gilscan/output/utf8.h"
+
+namespace gilscan {
+
+std::string iso8601_utc(int64_t ns) {
+    std::time_t t = static_cast<std::time_t>(ns / 1000000000);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*>& threads,
+                          const std::unordered_set<int32_t>& pids, const GilTracker* gil, bool cpu_wide) {
+    FileSummary fs;
+    const DecodeStats& st = s.stats();
+    fs.file = s.path();
+    fs.clock = s.clock();
+    fs.hostname = s.features().hostname;
+    fs.perf_version = s.features().perf_version;
+    for (const auto& a : s.features().cmdline) fs.cmdline += (fs.cmdline.empty() ? "" : " ") + a;
+    fs.first_time = st.first_time;
+    if (const auto& cd = s.features().clock_data; cd && st.have_time) {
+        // Wall clock of the first event: tod at the reference point, moved by
+        // how far the first event is from that point on the recording clock.
+        fs.date = iso8601_utc(static_cast<int64_t>(cd->tod_ns) +
+                              (static_cast<int64_t>(st.first_time) - static_cast<int64_t>(cd->clockid_ns)));
+    }
+    fs.last_time = st.last_time;
+    fs.lost_events = st.lost_events;
+    fs.lost_records = st.lost_records;
+    fs.lost_samples = st.lost_samples;
+    fs.lost_by_cpu = st.lost_by_cpu;
+    fs.lost_samples_by_cpu = st.lost_samples_by_cpu;
+    fs.warnings = st.warnings;
+    fs.pipe_mode = s.header().pipe;
+    fs.compressed = st.compressed_records > 0;
+    fs.truncated = st.truncated;
+    for (size_t i = 0; i < st.samples_by_event.size(); ++i)
+        if (st.samples_by_event[i]) fs.event_counts[s.events()[i].name] += st.samples_by_event[i];
+    std::unordered_set<int32_t> gil_pids;  // processes that ran the probed Python
+    if (gil && gil->seen_probes())
+        for (const auto& gp : gil->processes()) gil_pids.insert(gp.pid);
+    // The rows in (pid, tid) order, ties in first-seen order: the sort moves
+    // 16-byte keys, not rows (a system-wide capture can have 10^5-10^6 tids).
+    struct Row {
+        int32_t pid, tid;
+        const ThreadStats* t;
+    };
+    std::vector<Row> rows;
+    rows.reserve(threads.size());
+    for (const ThreadStats* t : threads) {
+        if (t->tid <= 0) continue;
+        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        if (!pids.empty() && !pids.count(pid)) continue;
+        if (!t->monitored) continue;  // named by a record, but its events were not recorded
+        rows.push_back({pid, t->tid, t});
+    }
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const Row& a, const Row& b) { return a.pid != b.pid ? a.pid < b.pid : a.tid < b.tid; });
+    fs.threads.reserve(rows.size());
+    for (const Row& row : rows) {
+        const ThreadStats& t = *row.t;
+        const int32_t pid = row.pid;
+        ThreadSummary ts;
+        ts.st = t;
+        ts.st.tgid = pid;
+        ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
+        ts.main_thread = t.tid == pid;
+        if (gil && gil->seen_probes() && !t.replaced_by_exec) {
+            // GIL figures for every thread of a process that ran the probed Python.
+            if (gil_pids.count(pid)) {
+                const GilThreadStats* g = gil->thread(t.tid);
+                uint64_t wait = g ? g->wait_ns : 0, hold = g ? g->hold_ns : 0;
+                ts.gil_wait_ns = wait;
+                ts.gil_hold_ns = hold;
+                ts.no_gil_ns = ts.span_ns > wait + hold ? ts.span_ns - wait - hold : 0;
+                ts.gil_mask = g ? g->gil_mask : 0;
+            }
+        }
+        fs.threads.push_back(std::move(ts));
+    }
+    if (gil && gil->seen_probes()) {
+        fs.gil_probes = true;
+        fs.gil_probe_events = gil->probe_events();
+        for (const auto& gp : gil->processes())
+            if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
+        fs.gil_anomalies = gil->anomalies();
+        if (fs.gil_anomalies.implicit_drops)
+            fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
+                                  " GIL hold(s) ended by take_gil itself (drop_gil not probed on that path: inlined "
+                                  "in this build, e.g. at the eval breaker); held time ends when take_gil is entered");
+        if (fs.gil_anomalies.total())
+            fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
+                                  " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
+                                  "holders): usually lost events or probes placed mid-run");
+    }
+    uint64_t hidden = 0;
+    for (const auto& t : fs.threads) hidden += t.st.hidden_switch_ins;
+    if (hidden && !cpu_wide)
+        fs.warnings.push_back(std::to_string(hidden) +
+                              " switch-in(s) were not recorded (a per-process recording: sched_switch fires in "
+                              "the context of the task switched out); time between a wake-up or preemption and "
+                              "running again counts as running. Record with -a to measure runnable time.");
+    else if (hidden)
+        // Per-CPU events see every switch, but perf enables and disables them
+        // CPU by CPU (a thread that moves to a CPU not yet, or no longer,
+        // recording is next seen running), and testdata/system_wide.data
+        // lacks every switch-out of one CPU's idle task mid-recording.
+        fs.warnings.push_back(std::to_string(hidden) +
+                              " switch-in(s) were not recorded in this system-wide recording (at its start or end on "
+                              "a CPU, after lost events, on CPUs left out with -C, or not traced by the kernel); time "
+                              "between a wake-up or preemption and running again counts as running there.");
+    return fs;
+}
+
+namespace {
+double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
+double ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+// The comm column: UTF-8 (utf8.h), at most 16 characters, padded to 16
+// characters, where printf's %-16.16s counts bytes and could cut a
+// character in two (a wide script's columns still come out wider).
+std::string comm_column(const std::string& comm) {
+    const std::string s = valid_utf8(comm);
+    size_t chars = 0, end = 0;
+    for (; end < s.size() && chars < 16; ++chars)
+        end += utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + end, s.size() - end).len;
+    return s.substr(0, end) + std::string(16 - chars, ' ');
+}
+// GIL numbers (1-based, as the "GIL load" lines have them) of a thread's
+// GilThreadStats::gil_mask: "1,3"; "-" for none; bit 63 stands for 64 and up.
+std::string gil_numbers(uint64_t mask) {
+    std::string s;
+    for (unsigned k = 0; k < 64; ++k)
+        if (mask >> k & 1) s += (s.empty() ? "" : ",") + std::to_string(k + 1) + (k == 63 ? "+" : "");
+    return s.empty() ? "-" : s;
+}
+
+// --gil-functions: where each process's S(GIL) sleep time went, by the
+// Python function whose stack waited.
+void print_gil_functions(std::FILE* out, const FileSummary& fs) {
+    uint64_t total = 0;
+    for (const auto& f : fs.gil_functions) total += f.sleep_ns;
+    std::fprintf(out, "\nGIL waits by Python function (S(GIL) sleeps; the innermost JIT frame past take_gil, named by a perf map or jitdump):\n");
+    if (fs.gil_functions.empty()) {
+        std::fprintf(out, "  (no S(GIL) sleeps)\n");
+        return;
+    }
+    std::fprintf(out, "%9s %8s %10s %7s  %s\n", "PID", "sleeps", "S(GIL)ms", "share%", "function");
+    size_t shown = 0;
+    for (const auto& f : fs.gil_functions) {
+        if (shown++ == kGilFunctionRowsShown) break;
+        std::fprintf(out, "%9d %8llu %10.1f %7.1f  %s\n", f.tgid, static_cast<unsigned long long>(f.sleep_count),
+                     ms(f.sleep_ns), pct(f.sleep_ns, total),
+                     f.function.empty() ? "(no function named)" : valid_utf8(f.function).c_str());
+    }
+    if (fs.gil_functions.size() > kGilFunctionRowsShown)
+        std::fprintf(out, "(%zu more rows in --summary-json)\n", fs.gil_functions.size() - kGilFunctionRowsShown);
+}
+}  // namespace
+
+void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads) {
+    std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms recorded):\n\n", fs.file.c_str(), fs.clock.c_str(),
+                 ms(fs.last_time - fs.first_time));
+    const bool gil_wait = std::any_of(fs.threads.begin(), fs.threads.end(), [](auto& t) { return t.gil_wait_ns.has_value(); });
+    std::fprintf(out, "%9s %8s  %-16s %10s %8s %9s %7s %7s %6s %6s", "PID", "TID", "comm", "total(ms)", "run%",
+                 "runnable%", "sleep%", "sleeps", "D%", "?%");
+    if (fs.gil_sleep_known) std::fprintf(out, " %11s", "S(GIL)%");
+    if (gil_wait) std::fprintf(out, " %8s %8s %9s %9s %9s", "no-GIL%", "GIL%", "GIL-wait%", "GIL(ms)", "wait(ms)");
+    // Which GILs each thread took, where a process has several (subinterpreters with their own).
+    const bool several_gils =
+        std::any_of(fs.gil_processes.begin(), fs.gil_processes.end(), [](auto& p) { return p.index > 0; });
+    if (several_gils) std::fprintf(out, "  %s", "GILs");
+    std::fprintf(out, "\n");
+    size_t hidden = 0;
+    for (const auto& t : fs.threads) {
+        if (gil_wait && !all_threads && !t.gil_wait_ns) {
+            ++hidden;  // a process that never ran the probed Python (the pyenv shim's bash, ...)
+            continue;
+        }
+        const uint64_t span = t.span_ns;
+        char pid[24];
+        std::snprintf(pid, sizeof pid, "%d%s", t.st.tgid, t.main_thread ? "*" : "");
+        std::fprintf(out, "%9s %8d  %s %10.1f %8.1f %9.1f %7.1f %7llu %6.1f %6.1f", pid, t.st.tid,
+                     comm_column(t.st.comm).c_str(), ms(span), pct(t.st.running_ns, span), pct(t.st.runnable_ns, span),
+                     pct(t.st.sleep_ns, span), static_cast<unsigned long long>(t.st.sleep_count),
+                     pct(t.st.disk_ns, span), pct(t.st.unknown_ns, span));
+        if (fs.gil_sleep_known) std::fprintf(out, " %11.1f", pct(t.gil_sleep_ns.value_or(0), span));
+        if (gil_wait) {
+            if (t.gil_wait_ns)
+                std::fprintf(out, " %8.1f %8.1f %9.1f %9.1f %9.1f", pct(t.no_gil_ns.value_or(0), span),
+                             pct(t.gil_hold_ns.value_or(0), span), pct(*t.gil_wait_ns, span),
+                             ms(t.gil_hold_ns.value_or(0)), ms(*t.gil_wait_ns));
+            else
+                std::fprintf(out, " %8s %8s %9s %9s %9s", "-", "-", "-", "-", "-");
+        }
+        if (several_gils) std::fprintf(out, "  %s", gil_numbers(t.gil_mask).c_str());
+        std::fprintf(out, "\n");
+    }
+    if (hidden) std::fprintf(out, "(%zu threads of processes without GIL events not shown: --all-threads)\n", hidden);
+    std::fprintf(out, "\n(* main thread; run = on a CPU, runnable = waiting for a CPU, ?%% = unknown after lost events");
+    if (gil_wait) std::fprintf(out, ";\n GIL%% = holds the GIL, GIL-wait%% = in take_gil, no-GIL%% = the rest of the thread's span");
+    if (several_gils) std::fprintf(out, ";\n GILs = the process's GILs the thread took (subinterpreters with their own: GIL load lines below)");
+    std::fprintf(out, ")\n");
+    for (size_t i = 0; i < fs.gil_processes.size(); ++i) {
+        const GilProcessStats& p = fs.gil_processes[i];
+        const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        // Several GILs in one process: subinterpreters that own theirs (3.12+).
+        const bool several = p.index > 0 || (i + 1 < fs.gil_processes.size() && fs.gil_processes[i + 1].pid == p.pid);
+        char which[64] = "";
+        if (several)
+            std::snprintf(which, sizeof which, ", GIL %u at 0x%llx", p.index + 1,
+                          static_cast<unsigned long long>(p.address));
+        std::fprintf(out,
+                     "GIL load of process %d%s: held %.1f%% of %.1f ms, contended %.1f%% (held while others wait), "
+                     "up to %u threads waiting\n",
+                     p.pid, which, pct(p.held_ns, span), ms(span), pct(p.contended_ns, span), p.max_waiters);
+    }
+    if (fs.gil_sleep_known)
+        std::fprintf(out, "S(GIL)%% = sleeping inside take_gil%s, from %s",
+                     fs.stack_stats.py2_gil ? " (Python 2: in PyThread_acquire_lock called by the GIL's takers)" : "",
+                     fs.gil_sleep_source.c_str());
+    if (fs.gil_sleep_known && fs.gil_sleep_source == "stacks")
+        std::fprintf(out, ": %llu sleep stacks unwound to a CPython frame, %llu not (stopped early %llu, failed %llu)",
+                     static_cast<unsigned long long>(fs.stack_stats.decided),
+                     static_cast<unsigned long long>(fs.stack_stats.stopped_early + fs.stack_stats.failed +
+                                                     fs.stack_stats.complete),
+                     static_cast<unsigned long long>(fs.stack_stats.stopped_early),
+                     static_cast<unsigned long long>(fs.stack_stats.failed));
+    if (fs.gil_sleep_known) std::fprintf(out, "\n");
+    if (fs.gil_functions_known) print_gil_functions(out, fs);
+    if (fs.gil_anomalies.total())
+        std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
+                          "%llu overlapping holders\n",
+                     static_cast<unsigned long long>(fs.gil_anomalies.take_without_return),
+                     static_cast<unsigned long long>(fs.gil_anomalies.return_without_take),
+                     static_cast<unsigned long long>(fs.gil_anomalies.drop_without_take),
+                     static_cast<unsigned long long>(fs.gil_anomalies.overlapping_holders));
+    if (fs.lost_events || fs.lost_samples)
+        std::fprintf(out, "lost: %llu events in %llu LOST records, %llu samples dropped\n",
+                     static_cast<unsigned long long>(fs.lost_events), static_cast<unsigned long long>(fs.lost_records),
+                     static_cast<unsigned long long>(fs.lost_samples));
+}
+
+namespace {
+
+double us(uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+nlohmann::json thread_json(const ThreadSummary& t) {
+    using nlohmann::json;
+    auto opt_us = [](const std::optional<uint64_t>& v) { return v ? json(us(*v)) : json(nullptr); };
+    json r;
+    r["pid"] = t.st.tgid;
+    r["tid"] = t.st.tid;
+    r["comm"] = t.st.comm;
+    r["main_thread"] = t.main_thread;
+    r["span_us"] = us(t.span_ns);
+    // The span's ends on the recording's clock (CLOCK_MONOTONIC with record's -k): first event or fork, exit or end.
+    r["first_ns"] = t.st.first_seen;
+    r["last_ns"] = t.st.last_seen;
+    r["running_us"] = us(t.st.running_ns);
+    r["runnable_us"] = us(t.st.runnable_ns);
+    r["hidden_switch_ins"] = t.st.hidden_switch_ins;
+    r["sleep_us"] = us(t.st.sleep_ns);
+    r["sleep_count"] = t.st.sleep_count;
+    r["disk_sleep_us"] = us(t.st.disk_ns);
+    r["disk_sleep_count"] = t.st.disk_count;
+    r["other_state_us"] = us(t.st.other_ns);
+    r["unknown_us"] = us(t.st.unknown_ns);
+    r["gil_sleep_us"] = opt_us(t.gil_sleep_ns);
+    r["gil_sleep_count"] = t.gil_sleep_count ? json(*t.gil_sleep_count) : json(nullptr);
+    r["gil_wait_us"] = opt_us(t.gil_wait_ns);
+    r["gil_hold_us"] = opt_us(t.gil_hold_ns);
+    r["no_gil_us"] = opt_us(t.no_gil_ns);
+    // The process's GILs (gil.processes' gil_index) the thread took; null without the uprobes.
+    json gils = json::array();
+    for (unsigned k = 0; k < 64; ++k)
+        if (t.gil_mask >> k & 1) gils.push_back(k);
+    r["gil_indices"] = t.gil_wait_ns ? gils : json(nullptr);
+    return r;
+}
+
+// Everything but the rows: "threads" is an empty array.
+nlohmann::json summary_head(const FileSummary& fs) {
+    using nlohmann::json;
+    json j;
+    j["file"] = fs.file;
+    j["clock"] = fs.clock;
+    j["hostname"] = fs.hostname;
+    j["cmdline"] = fs.cmdline;
+    j["perf_version"] = fs.perf_version;
+    j["date"] = fs.date.empty() ? json(nullptr) : json(fs.date);
+    j["first_time_ns"] = fs.first_time;
+    j["last_time_ns"] = fs.last_time;
+    j["pipe_mode"] = fs.pipe_mode;
+    j["compressed"] = fs.compressed;
+    j["truncated"] = fs.truncated;
+    j["lost_events"] = fs.lost_events;
+    j["lost_records"] = fs.lost_records;
+    j["lost_samples"] = fs.lost_samples;
+    json per_cpu = json::object();
+    for (const auto& [cpu, n] : fs.lost_by_cpu) per_cpu[cpu == ~0u ? "unknown" : std::to_string(cpu)] = n;
+    j["lost_by_cpu"] = per_cpu;
+    json per_cpu_samples = json::object();
+    for (const auto& [cpu, n] : fs.lost_samples_by_cpu)
+        per_cpu_samples[cpu == ~0u ? "unknown" : std::to_string(cpu)] = n;
+    j["lost_samples_by_cpu"] = per_cpu_samples;
+    j["event_counts"] = fs.event_counts;
+    j["warnings"] = fs.warnings;
+    j["threads"] = json::array();
+    j["gil_sleep_source"] = fs.gil_sleep_known ? json(fs.gil_sleep_source) : json(nullptr);
+    json g = json::object();
+    g["uprobes"] = fs.gil_probes;
+    g["probe_events"] = fs.gil_probe_events;
+    json procs = json::array();
+    for (const auto& p : fs.gil_processes) {
+        const uint64_t span = p.last > p.first ? p.last - p.first : 0;
+        char address[24] = "";
+        std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(p.address));
+        procs.push_back({{"pid", p.pid},
+                         {"gil_index", p.index},
+                         {"gil_address", p.address ? json(address) : json(nullptr)},
+                         {"span_us", us(span)},
+                         {"held_us", us(p.held_ns)},
+                         {"contended_us", us(p.contended_ns)},
+                         {"waiting_us", us(p.waiting_ns)},
+                         {"gil_load", span ? static_cast<double>(p.held_ns) / static_cast<double>(span) : 0.0},
+                         {"max_waiters", p.max_waiters}});
+    }
+    g["processes"] = procs;
+    g["anomalies"] = {{"take_without_return", fs.gil_anomalies.take_without_return},
+                      {"return_without_take", fs.gil_anomalies.return_without_take},
+                      {"drop_without_take", fs.gil_anomalies.drop_without_take},
+                      {"overlapping_holders", fs.gil_anomalies.overlapping_holders},
+                      {"implicit_drops", fs.gil_anomalies.implicit_drops}};
+    j["gil"] = g;
+    if (fs.gil_functions_known) {
+        json fns = json::array();
+        for (const auto& f : fs.gil_functions)
+            fns.push_back({{"pid", f.tgid},
+                           {"function", f.function.empty() ? json(nullptr) : json(f.function)},
+                           {"sleep_count", f.sleep_count},
+                           {"sleep_us", us(f.sleep_ns)}});
+        j["gil_functions"] = fns;
+    }
+    const StackStats& st = fs.stack_stats;
+    j["stacks"] = {{"sleeps_seen", st.sleeps_seen}, {"not_python", st.not_python}, {"no_stack", st.no_stack},
+                   {"decided", st.decided}, {"complete", st.complete}, {"stopped_early", st.stopped_early},
+                   {"failed", st.failed}, {"gil", st.gil}, {"handoff", st.handoff}};
+    return j;
+}
+
+}  // namespace
+
+nlohmann::json summary_json(const FileSummary& fs) {
+    nlohmann::json j = summary_head(fs);
+    for (const auto& t : fs.threads) j["threads"].push_back(thread_json(t));
+    return j;
+}
+
+std::string json_dump(const nlohmann::json& j, int indent) {
+    // Strings come from the recording as bytes (utf8.h); nlohmann's default
+    // handler throws at the first ill-formed one, which ended a run with a
+    // thread whose comm the kernel had cut inside a character.
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void write_summary_json(OutputFile& out, const FileSummary& fs) {
+    // What json_dump(summary_json(fs), 2) gives, with the rows made and written one
+    // at a time: as one document, the summary of a capture with 400,000
+    // threads took 1.2 GB.
+    const std::string head = json_dump(summary_head(fs), 2);
+    const std::string_view key = "\n  \"threads\": ";  // the top level's (indent 2)
+    const size_t at = head.find(key);
+    if (fs.threads.empty() || at == std::string::npos) {
+        // No rows; or (not expected) no place found for them: the whole
+        // document at once rather than a summary without its rows.
+        out.write(fs.threads.empty() ? head : json_dump(summary_json(fs), 2));
+        out.write("\n", 1);
+        return;
+    }
+    const size_t rows_at = at + key.size();  // where "[]" stands
+    out.write(std::string_view(head).substr(0, rows_at));
+    out.write("[\n", 2);
+    std::string row;
+    for (size_t i = 0; i < fs.threads.size(); ++i) {
+        // An element of a top-level array: its lines indented by 4 more.
+        row = "    ";
+        for (char c : json_dump(thread_json(fs.threads[i]), 2)) {
+            row += c;
+            if (c == '\n') row += "    ";
+        }
+        if (i + 1 < fs.threads.size()) row += ",\n";
+        out.write(row);
+    }
+    out.write("\n  ]", 4);
+    out.write(std::string_view(head).substr(rows_at + 2));
+    out.write("\n", 1);
+}
+
+}  // namespace gilscan

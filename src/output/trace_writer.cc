@@ -1,0 +1,349 @@
+#include "gilscan/output/trace_writer.h"
+
+#include <cstring>
+#include <map>
+
+#include "gilscan/perfdata/byte_buffer.h"
+#include "gilscan/perfdata/cursor.h"
+#include "gilscan/output/decimal.h"
+#include "gilscan/output/utf8.h"
+
+// The helpers marked always_inline run several times per event: inlined
+// into each event's formatter they save a call, and its register saves and
+// restores, each (some 100 instructions an event, a fifth of the formatting,
+// in the scheduler capture's callgrind profile). The compiler left them out
+// of line on its own.
+namespace gilscan {
+
+namespace {
+
+// Formatting into a raw buffer that begin() sized for the worst case.
+[[gnu::always_inline]] inline char* put(char* p, std::string_view s) {
+    std::memcpy(p, s.data(), s.size());
+    return p + s.size();
+}
+
+// Non-zero when one of the 8 bytes of x needs escaping in a JSON string: a
+// control character (< 0x20), non-ASCII (>= 0x80), '"' or '\\' (cursor.h's
+// byte-parallel tests: exact as a yes/no answer).
+[[gnu::always_inline]] inline uint64_t json_bad_bytes(uint64_t x) {
+    return (x & kByteHighs) | bytes_below(x, 0x20) | zero_bytes(x ^ (kByteOnes * '"')) |
+           zero_bytes(x ^ (kByteOnes * '\\'));
+}
+
+// Whether s goes into a JSON string as it is: 8 bytes at a time (the last
+// word overlapping), reading only [0, n). Several strings per event: byte
+// by byte this was a tenth of a scheduler trace's instructions.
+[[gnu::always_inline]] inline bool json_plain(std::string_view s) {
+    const auto* d = reinterpret_cast<const uint8_t*>(s.data());
+    const size_t n = s.size();
+    if (n >= 8) {
+        uint64_t bad = json_bad_bytes(load<uint64_t>(d + n - 8, false));
+        for (size_t i = 0; i + 8 < n; i += 8) bad |= json_bad_bytes(load<uint64_t>(d + i, false));
+        return bad == 0;
+    }
+    if (n >= 4) return json_bad_bytes(load<uint32_t>(d, false) | uint64_t{load<uint32_t>(d + n - 4, false)} << 32) == 0;
+    uint64_t w = 0x6161616161616161ull;  // 0-3 bytes shifted into a word of 'a's
+    for (size_t i = 0; i < n; ++i) w = w << 8 | d[i];
+    return json_bad_bytes(w) == 0;
+}
+
+// The escaping copy, for a string json_plain() said needs it (out of line:
+// rare, and it would bloat every event's formatter it were inlined into).
+// Well-formed UTF-8 (a thread's or a Python function's non-ASCII name) is
+// copied as it is, anything else from 0x80 up becomes U+FFFD (utf8.h): the
+// trace is valid JSON in UTF-8 whatever the recording holds.
+__attribute__((noinline)) char* put_escaped(char* p, std::string_view s) {
+    const auto* d = reinterpret_cast<const unsigned char*>(s.data());
+    for (size_t i = 0; i < s.size(); ++i) {
+        const unsigned char ch = d[i];
+        if (ch >= 0x20 && ch < 0x80 && ch != '"' && ch != '\\') {
+            *p++ = static_cast<char>(ch);
+            continue;
+        }
+        if (ch >= 0x80) {
+            const Utf8Step st = utf8_step(d + i, s.size() - i);
+            // U+FFFD as its 3 bytes: within str_bound's 6 per input byte.
+            p = st.ok ? put(p, s.substr(i, st.len)) : put(p, "\xEF\xBF\xBD");
+            i += st.len - 1;
+            continue;
+        }
+        *p++ = '\\';
+        switch (ch) {
+        case '"': *p++ = '"'; break;
+        case '\\': *p++ = '\\'; break;
+        case '\n': *p++ = 'n'; break;
+        case '\t': *p++ = 't'; break;
+        case '\r': *p++ = 'r'; break;
+        default: {
+            static const char hex[] = "0123456789abcdef";
+            p = put(p, "u00");
+            *p++ = hex[ch >> 4];
+            *p++ = hex[ch & 15];
+        }
+        }
+    }
+    return p;
+}
+
+// A JSON string: most are gilscan's own names ("S", "R+", "GIL wait") and
+// are copied straight; comm names and paths may need escaping.
+[[gnu::always_inline]] inline char* put_str(char* p, std::string_view s) {
+    *p++ = '"';
+    if (json_plain(s)) {
+        copy_short(p, s.data(), s.size());
+        p += s.size();
+    } else {
+        p = put_escaped(p, s);
+    }
+    *p++ = '"';
+    return p;
+}
+
+constexpr size_t kFixed = 256;  // every event's fixed text and numbers fit in this
+inline size_t str_bound(std::string_view s) { return 6 * s.size() + 2; }
+
+// ,"pid":P and, with_tid, ,"tid":T into text (a track cache slot's refill:
+// out of line, as it is rare); its length.
+__attribute__((noinline)) uint32_t track_text(char* text, int32_t pid, int32_t tid, bool with_tid) {
+    char* e = put(text, ",\"pid\":");
+    e = put_int(e, pid);
+    if (with_tid) {
+        e = put(e, ",\"tid\":");
+        e = put_int(e, tid);
+    }
+    return static_cast<uint32_t>(e - text);
+}
+
+}  // namespace
+
+// The slot's text, made first if it holds another track: ,"pid":P and,
+// with_tid (in tracks_, not in pids_), ,"tid":T.
+[[gnu::always_inline]] inline char* TraceWriter::put_cached(char* p, TrackText& t, int32_t pid, int32_t tid, bool with_tid) {
+    if (t.len == 0 || t.tid != tid || t.pid != pid) [[unlikely]] {
+        t.pid = pid;
+        t.tid = tid;
+        t.len = track_text(t.text, pid, tid, with_tid);
+    }
+    std::memcpy(p, t.text, sizeof t.text);  // a fixed size: a few moves (kFixed leaves room)
+    return p + t.len;
+}
+
+[[gnu::always_inline]] inline char* TraceWriter::put_track(char* p, int32_t pid, int32_t tid) {
+    // By tid modulo the slots: a process's tids are mostly consecutive. Bits
+    // from 20 up are folded in first: a process's "GIL holder" track is
+    // pid + 2^30 (gil_track_tid), which by the low bits alone shares the main
+    // thread's slot, and the two alternate (4% of a uprobe capture's events
+    // missed the cache, each formatting its ids again).
+    const auto t = static_cast<uint32_t>(tid);
+    return put_cached(p, tracks_[(t ^ (t >> 20)) % kTrackSlots], pid, tid, true);
+}
+
+[[gnu::always_inline]] inline char* TraceWriter::put_pid(char* p, int32_t pid) {
+    return put_cached(p, pids_[static_cast<uint32_t>(pid) % kPidSlots], pid, 0, false);
+}
+
+[[gnu::always_inline]] inline char* TraceWriter::put_ts(char* p, uint64_t ns) {
+    const uint64_t high = ns / 10'000'000;  // 10 ms: the microseconds above their last four digits
+    if (high == 0) return put_us(p, ns);  // no leading digits to keep
+    if (high != ts_high_) {
+        ts_high_ = high;
+        ts_len_ = static_cast<uint32_t>(put_uint(ts_text_, high) - ts_text_);
+    }
+    std::memcpy(p, ts_text_, sizeof ts_text_);
+    p += ts_len_;
+    // The last 10 ms in 32 bits: four digits of microseconds, three of nanoseconds.
+    const auto low = static_cast<uint32_t>(ns - high * 10'000'000);
+    const uint32_t us = low / 1000, frac = low - us * 1000;
+    p = put_pair(p, us / 100);
+    p = put_pair(p, us % 100);
+    *p++ = '.';
+    *p++ = static_cast<char>('0' + frac / 100);
+    return put_pair(p, frac % 100);
+}
+
+// ,"ts":start,"dur":end-start (never negative)
+[[gnu::always_inline]] inline char* TraceWriter::put_interval(char* p, uint64_t start_ns, uint64_t end_ns) {
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, start_ns);
+    p = put(p, ",\"dur\":");
+    return put_us(p, end_ns >= start_ns ? end_ns - start_ns : 0);
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+    const size_t at = out.size();
+    out.resize(at + str_bound(s));
+    char* end = put_str(out.data() + at, s);
+    out.resize(static_cast<size_t>(end - out.data()));
+}
+
+TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), filter_{std::move(opt)} {
+    out_.write(std::string_view("{\"traceEvents\":[\n"));
+}
+
+[[gnu::always_inline]] inline char* TraceWriter::begin(size_t bound) {
+    bound += 2;  // ",\n"
+    if (bound <= OutputFile::kBufferSize / 2) {
+        start_ = out_.room(bound);
+    } else {
+        big_.resize(bound);
+        start_ = big_.data();
+    }
+    char* p = start_;
+    if (events_++ != 0) p = put(p, ",\n");
+    return p;
+}
+
+[[gnu::always_inline]] inline void TraceWriter::end(char* p) {
+    const size_t n = static_cast<size_t>(p - start_);
+    if (!big_.empty()) {
+        out_.write(big_.data(), n);
+        big_.clear();
+    } else {
+        out_.advance(n);
+    }
+}
+
+void TraceWriter::span(const Span& s) {
+    if (!filter_.wanted(s)) return;
+    // The function and its key are beyond kFixed's fixed text (all of the
+    // rest at once is 249 bytes at most): 6 a byte and 14 more, as arithmetic
+    // rather than a branch on every span.
+    char* p = begin(kFixed + str_bound(s.name) + str_bound(s.state) + str_bound(s.evidence) + s.stack_json.size() +
+                    6 * s.function.size() + 14);
+    p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
+    p = put_str(p, s.name);
+    p = put_track(p, s.tgid, s.tid);
+    p = put_interval(p, s.start, s.end);
+    p = put(p, ",\"args\":{\"state\":");
+    p = put_str(p, s.state);
+    if (s.cpu != ~0u) {
+        p = put(p, ",\"cpu\":");
+        p = put_int(p, s.cpu);
+    }
+    if (s.waker > 0) {
+        p = put(p, ",\"waker\":");
+        p = put_int(p, s.waker);
+    }
+    if (!s.evidence.empty()) {
+        p = put(p, ",\"evidence\":");
+        p = put_str(p, s.evidence);
+        // Only a GIL wait has a function (a labelled sleep: it has evidence).
+        if (!s.function.empty()) [[unlikely]] {
+            p = put(p, ",\"function\":");
+            p = put_str(p, s.function);
+        }
+    }
+    if (!s.stack_json.empty()) {
+        p = put(p, ",\"stack\":");
+        p = put(p, s.stack_json);
+    }
+    if (s.cut_at_end) p = put(p, ",\"cut_at_end\":true");
+    if (s.woken_before_switch) p = put(p, ",\"woken_before_switch_out\":true");
+    p = put(p, "}}");
+    end(p);
+}
+
+void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns,
+                           bool cut) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    p = what == GilSpan::Wait ? put(p, R"({"ph":"X","cat":"GIL state","name":"GIL wait")")
+                              : put(p, R"({"ph":"X","cat":"GIL state","name":"LOCK")");
+    p = put_track(p, pid, tid);
+    p = put_interval(p, start_ns, end_ns);
+    if (gil > 0) {
+        p = put(p, R"(,"args":{"gil":)");
+        p = put_int(p, static_cast<int64_t>(gil) + 1);
+        p = cut ? put(p, R"(,"cut_at_end":true}})") : put(p, "}}");
+    } else {
+        p = cut ? put(p, R"(,"args":{"cut_at_end":true}})") : put(p, "}");
+    }
+    end(p);
+}
+
+void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    p = put(p, R"({"ph":"X","cat":"GIL holder","name":"GIL held by )");
+    char* const holder_text = p;
+    p = put_int(p, holder);
+    const auto holder_len = static_cast<size_t>(p - holder_text);
+    *p++ = '"';
+    p = put_track(p, pid, track_tid);
+    p = put_interval(p, start_ns, end_ns);
+    p = put(p, R"(,"args":{"holder":)");
+    // The same digits again, copied (at most 11 and a sign: 12 bytes, which
+    // kFixed leaves room for; the track's text after them is longer).
+    std::memcpy(p, holder_text, 12);
+    p += holder_len;
+    p = put(p, "}}");
+    end(p);
+}
+
+void TraceWriter::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed);
+    // One counter per GIL: a process whose subinterpreters own their GILs
+    // (3.12+) has several; the first keeps the plain name.
+    if (gil == 0) {
+        p = put(p, R"({"ph":"C","name":"GIL waiters")");
+    } else {
+        p = put(p, R"({"ph":"C","name":"GIL waiters (GIL )");
+        p = put_int(p, static_cast<int64_t>(gil) + 1);
+        p = put(p, ")\"");
+    }
+    p = put_pid(p, pid);
+    p = put(p, ",\"ts\":");
+    p = put_ts(p, ts_ns);
+    p = put(p, R"(,"args":{"waiting":)");
+    p = put_int(p, waiting);
+    p = put(p, "}}");
+    end(p);
+}
+
+void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
+    metadata("thread_name", pid, tid, name);
+}
+
+void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed + what.size() + str_bound(name));
+    p = put(p, "{\"ph\":\"M\",\"name\":\"");
+    p = put(p, what);
+    p = put(p, "\"");
+    p = put_track(p, pid, tid);
+    p = put(p, ",\"args\":{\"name\":");
+    p = put_str(p, name);
+    p = put(p, "}}");
+    end(p);
+}
+
+void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta) {
+    // Process names: the main thread's comm (tid == pid), else the first seen.
+    std::map<int32_t, std::string_view> process_names;
+    for (const ThreadStats* t : threads) {
+        if (!t->monitored) continue;
+        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        if (t->tid == pid || !process_names.count(pid)) process_names[pid] = t->comm;
+    }
+    for (const auto& [pid, name] : process_names) metadata("process_name", pid, pid, name);
+    for (const ThreadStats* t : threads) {
+        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        if (t->monitored) name_thread(pid, t->tid, t->comm);
+    }
+    std::string tail =
+        "\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"
+        "\"producer\":\"gilscan\"},\"otherData\":{\"source\":";
+    append_json_string(tail, meta.source_file);
+    tail += ",\"clock\":";
+    append_json_string(tail, meta.clock);
+    tail += ",\"hostname\":";
+    append_json_string(tail, meta.hostname);
+    tail += ",\"cmdline\":";
+    append_json_string(tail, meta.cmdline);
+    tail += "}}\n";
+    out_.write(tail);
+}
+
+}  // namespace gilscan

@@ -1,0 +1,507 @@
+#include "gilscan/sched/timeline.h"
+
+namespace gilscan {
+
+std::string_view span_kind_name(SpanKind k) {
+    switch (k) {
+    case SpanKind::Running: return "R";
+    case SpanKind::Runnable: return "R+";
+    case SpanKind::Sleep: return "S";
+    case SpanKind::DiskSleep: return "D";
+    case SpanKind::Other: return "other";
+    case SpanKind::Unknown: return "unknown";
+    }
+    return "unknown";
+}
+
+Timeline::Timeline(const Session& session, SpanSink& sink)
+    : session_(session), sink_(sink), spans_wanted_(sink.wants_spans()) {}
+
+__attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
+    Thread& th = all_.emplace_back();
+    th.st.tid = tid;
+    th.st.first_seen = ~uint64_t{0};  // set by the first scheduler event, not by COMM/FORK
+    th.st.last_seen = 0;
+    live_.set(tid, &th);
+    return th;
+}
+
+// Running now, but its switch-in was not recorded: the interval since the
+// wake-up/preemption cannot be split into runnable and running.
+void Timeline::hidden_switch_in(Thread& th, uint64_t t) {
+    ++th.st.hidden_switch_ins;
+    close(th, t, false, SpanKind::Running);
+    th.state = SpanKind::Running;
+    th.state_letters = "R";
+    th.since = t;
+}
+
+// Two copies, for and without --gil-functions: the out-of-line call to
+// count a GIL wait's function made every emit save five registers up front
+// (it is in the middle of the summary's path, where the rest returns early),
+// 12 instructions a span on a summary-only DWARF run.
+void Timeline::emit(Thread& th, uint64_t start, uint64_t end, bool cut) {
+    if (gil_functions_) [[unlikely]]
+        return emit_gil_functions(th, start, end, cut);
+    emit_as<false>(th, start, end, cut);
+}
+
+void Timeline::emit_gil_functions(Thread& th, uint64_t start, uint64_t end, bool cut) {
+    emit_as<true>(th, start, end, cut);
+}
+
+template <bool kGilFunctions>
+inline void Timeline::emit_as(Thread& th, uint64_t start, uint64_t end, bool cut) {
+    if (!th.st.monitored) return;  // another process's task in a per-process recording
+    if (end < start) end = start;  // cross-CPU clock jitter: never negative
+    const uint64_t d = end - start;
+    // The thread's figures first; the span itself only for a sink that
+    // wants spans (a summary-only run's sink does not: building and handing
+    // on a span it drops was a sixth of the timeline's instructions).
+    std::string_view name;
+    switch (th.state) {
+    case SpanKind::Running:
+        name = "R";
+        th.st.running_ns += d;
+        break;
+    case SpanKind::Runnable:
+        name = "R+";
+        th.st.runnable_ns += d;
+        break;
+    case SpanKind::Sleep:
+        if (th.label.ticket >= 0 && resolver_) {
+            // Being unwound on a worker: counted and written once it is known.
+            Span s = span_of(th, start, end, cut);
+            s.name = "S";
+            output(s, th.label.ticket, &th.st);
+            return;
+        }
+        name = th.label.name.empty() ? std::string_view("S") : th.label.name;
+        th.st.sleep_ns += d;
+        ++th.st.sleep_count;
+        if (th.label.gil) {
+            th.st.gil_sleep_ns += d;
+            ++th.st.gil_sleep_count;
+            if constexpr (kGilFunctions) count_gil_function(th.st.tgid, th.label.function, d);
+        }
+        break;
+    case SpanKind::DiskSleep:
+        name = "D";
+        th.st.disk_ns += d;
+        ++th.st.disk_count;
+        break;
+    case SpanKind::Other:
+        name = th.state_letters;
+        th.st.other_ns += d;
+        break;
+    case SpanKind::Unknown:
+        name = "unknown";
+        th.st.unknown_ns += d;
+        break;
+    }
+    if (!spans_wanted_) return;
+    Span s = span_of(th, start, end, cut);
+    s.name = name;
+    if (th.state == SpanKind::Sleep) {
+        s.evidence = th.label.evidence();
+        s.stack_json = th.label.stack();
+        s.stack_stable = th.label.stack_shared != nullptr;
+        if constexpr (kGilFunctions) s.function = th.label.function;
+    } else if (th.state == SpanKind::DiskSleep) {
+        s.evidence = th.label.evidence();
+    }
+    output(s, -1, nullptr);
+}
+
+Span Timeline::span_of(const Thread& th, uint64_t start, uint64_t end, bool cut) const {
+    Span s;
+    s.tgid = th.st.tgid > 0 ? th.st.tgid : th.st.tid;
+    s.tid = th.st.tid;
+    s.start = start;
+    s.end = end;
+    s.kind = th.state;
+    s.cpu = th.cpu;
+    s.cut_at_end = cut;
+    s.waker = th.waker;
+    s.preempted = th.preempted;
+    s.woken_before_switch = th.woken_before_switch;
+    s.state = th.state_letters;
+    return s;
+}
+
+void Timeline::output(const Span& s, int64_t ticket, ThreadStats* st) {
+    if (pending_.empty() && ticket < 0) {
+        sink_.span(s);
+        return;
+    }
+    PendingSpan p;
+    p.span = s;
+    p.name = std::string(s.name);
+    p.state = std::string(s.state);
+    p.evidence = std::string(s.evidence);
+    if (!s.stack_stable) p.stack = std::string(s.stack_json);  // a stable text is kept as the view
+    p.ticket = ticket;
+    p.st = st;
+    hold(std::move(p));
+}
+
+void Timeline::defer(const DeferredEvent& e) {
+    PendingSpan p;
+    p.other = e;
+    hold(std::move(p));
+}
+
+void Timeline::hold(PendingSpan&& p) {
+    pending_.push_back(std::move(p));
+    if (pending_.size() > 65536) drain(true);  // bounded memory: wait for the workers
+}
+
+void Timeline::drain(bool wait) {
+    while (!pending_.empty()) {
+        PendingSpan& p = pending_.front();
+        if (p.other.to) {
+            p.other.to->replay(p.other);
+            pending_.pop_front();
+            continue;
+        }
+        if (p.ticket >= 0) {
+            std::optional<SleepLabel> l = resolver_(p.ticket, wait);
+            if (!l) return;
+            // The label is this span's alone: its built strings are taken, not copied.
+            if (!l->name.empty()) p.name = l->name;
+            if (l->evidence_literal.empty())
+                p.evidence = std::move(l->evidence_built);
+            else
+                p.evidence = l->evidence_literal;
+            if (l->stack_shared) {
+                p.span.stack_json = *l->stack_shared;
+                p.span.stack_stable = true;
+            } else {
+                p.stack = std::move(l->stack_json);
+            }
+            const uint64_t d = p.span.end - p.span.start;
+            p.st->sleep_ns += d;
+            ++p.st->sleep_count;
+            if (l->gil) {
+                p.st->gil_sleep_ns += d;
+                ++p.st->gil_sleep_count;
+                if (gil_functions_) count_gil_function(p.st->tgid, l->function, d);
+            }
+            p.span.function = l->function;  // empty without --gil-functions
+            p.ticket = -1;
+        }
+        p.span.name = p.name;
+        p.span.state = p.state;
+        p.span.evidence = p.evidence;
+        if (!p.span.stack_stable) p.span.stack_json = p.stack;
+        sink_.span(p.span);
+        pending_.pop_front();
+    }
+}
+
+void Timeline::count_gil_function(int32_t tgid, std::string_view function, uint64_t d) {
+    auto it = by_function_.find(std::pair<int32_t, std::string_view>(tgid, function));
+    if (it == by_function_.end()) it = by_function_.emplace(std::pair<int32_t, std::string>(tgid, function), FunctionTotals{}).first;
+    it->second.sleep_ns += d;
+    ++it->second.sleep_count;
+}
+
+std::vector<GilFunctionStats> Timeline::gil_functions() const {
+    std::vector<GilFunctionStats> out;
+    out.reserve(by_function_.size());
+    for (const auto& [key, t] : by_function_) out.push_back({key.first, key.second, t.sleep_ns, t.sleep_count});
+    return out;
+}
+
+void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as) {
+    if (th.known && !th.dead) {
+        if (as) {
+            SpanKind real = th.state;
+            th.state = *as;
+            th.state_letters = "R";
+            emit(th, th.since, t, cut);
+            th.state = real;
+        } else {
+            emit(th, th.since, t, cut);
+        }
+    }
+    th.waker = -1;
+    th.preempted = false;
+    th.label.clear();
+}
+
+void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState& ps, const Sample& s,
+                          const EventInfo& ev) {
+    ++th.st.switches_out;
+    if (th.st.exited && th.dead) {  // its last switch-out, after its exit closed it
+        if (ps.cls == StateClass::Dead) live_.erase(th.st.tid);
+        return;
+    }
+    th.st.seen_switch = true;
+    close(th, t, false);
+    th.known = true;
+    th.since = t;
+    th.cpu = cpu;
+    th.state_letters = ps.letters;
+    switch (ps.cls) {
+    case StateClass::Runnable:
+        th.state = SpanKind::Runnable;
+        th.preempted = true;
+        break;
+    case StateClass::Sleeping:
+    case StateClass::DiskSleep: {
+        th.state = ps.cls == StateClass::Sleeping ? SpanKind::Sleep : SpanKind::DiskSleep;
+        th.label.clear();
+        th.label.text = spans_wanted_;
+        if (classifier_) classifier_(s, ev, ps, th.label);
+        if (spans_wanted_ && th.label.name.empty() && th.label.ticket < 0)
+            th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
+        // try_to_wake_up on another CPU can trace sched_waking just before
+        // this switch-out is traced: the sleep is over as soon as it starts.
+        if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
+            int32_t waker = th.early_waker;
+            th.waker = waker;
+            th.woken_before_switch = true;
+            emit(th, t, t, false);  // the zero-length sleep, counted as a sleep
+            th.woken_before_switch = false;
+            th.label = SleepLabel{};
+            th.state = SpanKind::Runnable;
+            th.state_letters = "R";
+            th.waker = waker;
+        }
+        break;
+    }
+    case StateClass::Dead:
+        th.dead = true;
+        th.known = false;
+        live_.erase(th.st.tid);
+        break;
+    default:
+        th.state = SpanKind::Other;
+        break;
+    }
+    th.has_early_wake = false;
+}
+
+void Timeline::switch_in(Thread& th, uint64_t t, uint32_t cpu) {
+    close(th, t, false);
+    th.known = true;
+    th.state = SpanKind::Running;
+    th.state_letters = "R";
+    th.since = t;
+    th.cpu = cpu;
+    th.has_early_wake = false;
+}
+
+void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
+    switch (th.state) {
+    case SpanKind::Sleep:
+    case SpanKind::DiskSleep:
+    case SpanKind::Other:
+        if (!th.known) break;
+        th.waker = waker;
+        close(th, t, false);
+        th.state = SpanKind::Runnable;
+        th.state_letters = "R";
+        th.since = t;
+        th.waker = waker;
+        break;
+    case SpanKind::Running:
+        if (th.known) {
+            ++wake_while_running_;
+            th.has_early_wake = true;
+            th.early_wake = t;
+            th.early_waker = waker;
+        }
+        break;
+    case SpanKind::Unknown:
+        if (th.known) close(th, t, false);  // after a loss: the gap ends here
+        th.known = true;
+        th.state = SpanKind::Runnable;
+        th.state_letters = "R";
+        th.since = t;
+        th.waker = waker;
+        break;
+    case SpanKind::Runnable:
+        break;  // the sched_wakeup that follows a sched_waking
+    }
+}
+
+void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
+    const uint64_t t = s.time;
+    last_time_ = std::max(last_time_, t);
+    if (s.cpu != ~0u) cpu_last_.set(s.cpu, t);
+    const bool swap = session_.swap();
+    // The sample's own task is running now: learn its process.
+    if (s.tid > 0 && k != TpKind::SchedSwitch) {
+        Thread& cur = thread(s.tid);
+        set_tgid(cur, s.pid);
+        touch(cur, t);
+        own_event(cur, t, k != TpKind::SchedWaking && k != TpKind::SchedWakeup && k != TpKind::SchedWakeupNew);
+    }
+    switch (k) {
+    case TpKind::SchedSwitch: {
+        SchedSwitch sw;
+        if (!dec_.decode(s, ev, swap, sw)) return;
+        ++sched_events_;
+        idle_switch_outs_ += sw.prev_pid == 0;
+        if (sw.prev_pid > 0) {
+            Thread& p = thread(sw.prev_pid);
+            if (s.tid == sw.prev_pid) set_tgid(p, s.pid);
+            if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
+            touch(p, t);
+            uint64_t last_own = p.last_own;
+            own_event(p, t, true);
+            p.last_own = last_own;  // the race check below wants the task's previous sign of life
+            const PrevState& ps = dec_.prev_state(ev, sw.prev_state);
+            switch_out(p, t, s.cpu, ps, s, ev);
+            p.last_own = t;
+        }
+        if (sw.next_pid > 0) {
+            Thread& n = thread(sw.next_pid);
+            if (n.st.comm.empty()) n.st.comm = std::string(sw.next_comm);
+            touch(n, t);
+            switch_in(n, t, s.cpu);
+        }
+        break;
+    }
+    case TpKind::SchedWaking:
+    case TpKind::SchedWakeup:
+    case TpKind::SchedWakeupNew: {
+        SchedWake w;
+        if (!dec_.decode(s, ev, swap, w)) return;
+        ++sched_events_;
+        if (w.pid <= 0) return;
+        Thread& th = thread(w.pid);
+        if (th.st.comm.empty()) th.st.comm = std::string(w.comm);
+        touch(th, t);
+        wake(th, t, s.tid);
+        break;
+    }
+    case TpKind::SchedProcessFork: {
+        SchedFork f;
+        if (!dec_.decode(s, ev, swap, f)) return;
+        ++sched_events_;
+        if (f.child_pid <= 0) return;
+        Thread& c = thread(f.child_pid);
+        if (!f.child_comm.empty()) c.st.comm = std::string(f.child_comm);
+        touch(c, t);
+        break;
+    }
+    case TpKind::SchedProcessExit: {
+        SchedExit x;
+        if (!dec_.decode(s, ev, swap, x)) return;
+        ++sched_events_;
+        if (Thread* const* p = live_.find(x.pid)) end_thread(**p, t);
+        break;
+    }
+    default: break;
+    }
+}
+
+void Timeline::on_comm(const CommEvent& e) {
+    uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
+    Thread* const* it = live_.find(e.tid);
+    if (e.exec && it && (*it)->st.monitored && t > 0) {
+        // exec replaces the program (a pyenv shim's bash becoming python):
+        // the thread's statistics start again under the new program.
+        Thread& old = **it;
+        close(old, t, false);
+        touch(old, t);
+        const bool known = old.known && !old.dead;
+        const SpanKind state = old.state;
+        const uint32_t cpu = old.cpu;
+        old.dead = true;
+        old.known = false;
+        old.st.replaced_by_exec = true;
+        live_.erase(e.tid);
+        Thread& th = thread(e.tid);
+        set_tgid(th, e.pid);
+        th.st.comm = std::string(e.comm);
+        th.st.monitored = true;
+        th.known = known;
+        th.state = state;
+        th.state_letters = span_kind_name(state);
+        th.since = t;
+        th.cpu = cpu;
+        touch(th, t);
+        return;
+    }
+    Thread& th = thread(e.tid);
+    set_tgid(th, e.pid);
+    th.st.comm = std::string(e.comm);
+}
+
+void Timeline::on_fork(const TaskEvent& e) {
+    Thread* const* it = live_.find(e.tid);
+    if (it && ((*it)->st.exited || (*it)->dead)) live_.erase(e.tid);
+    Thread& th = thread(e.tid);
+    set_tgid(th, e.pid);
+    if (th.st.comm.empty()) {
+        if (Thread* const* p = live_.find(e.ptid)) th.st.comm = (*p)->st.comm;
+    }
+}
+
+void Timeline::on_exit(const TaskEvent& e) {
+    const uint64_t t = e.sid.has_time ? e.sid.time : e.time ? e.time : last_time_;  // as perf script shows it
+    if (Thread* const* p = live_.find(e.tid)) end_thread(**p, t);
+}
+
+void Timeline::end_thread(Thread& th, uint64_t t) {
+    if (th.st.exited) return;  // sched_process_exit and PERF_RECORD_EXIT both come
+    th.st.exited = true;
+    if (!th.known || th.dead) return;
+    const uint64_t at = std::max(t, th.since);
+    close(th, at, false);
+    touch(th, at);
+    th.known = false;
+    th.dead = true;  // stays findable by its tid until the tid is reused (on_fork)
+}
+
+void Timeline::on_lost(const LostEvent& e) {
+    uint64_t t = e.sid.has_time ? e.sid.time : last_time_;
+    const bool any_cpu = e.sid.cpu == ~0u;
+    uint64_t gap_start = t;
+    if (!any_cpu) {
+        if (const uint64_t* c = cpu_last_.find(e.sid.cpu)) gap_start = std::min(*c, t);
+    }
+    // Threads in first-seen order (a tid's earlier, replaced entries skipped).
+    for (uint32_t idx = 0; idx < all_.size(); ++idx) {
+        Thread& th = all_[idx];
+        Thread* const* live = live_.find(th.st.tid);
+        if (!live || *live != &th) continue;
+        if (!th.known || th.dead || th.state == SpanKind::Unknown) continue;
+        if (!any_cpu && th.cpu != e.sid.cpu) continue;
+        uint64_t cut = std::max(th.since, gap_start);
+        if (cut > th.since) {
+            close(th, cut, false);
+        } else {
+            th.waker = -1;  // nothing known of this state: it becomes the unknown span
+            th.preempted = false;
+            th.label = SleepLabel{};
+        }
+        th.state = SpanKind::Unknown;
+        th.state_letters = "?";
+        th.since = cut;
+    }
+}
+
+void Timeline::finish(uint64_t end) {
+    for (auto& th : all_) {
+        if (!th.known || th.dead) continue;
+        uint64_t e = std::max(end, th.since);
+        close(th, e, true);
+        th.known = false;
+        touch(th, e);
+    }
+    drain(true);
+}
+
+std::vector<const ThreadStats*> Timeline::threads() const {
+    std::vector<const ThreadStats*> out;
+    out.reserve(all_.size());
+    for (const auto& th : all_) out.push_back(&th.st);
+    return out;
+}
+
+}  // namespace gilscan

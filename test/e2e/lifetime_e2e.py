@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Threads that start and exit at different times, recorded for real (needs
+root and perf): each thread's span must be its life, and its GIL figures
+those of a second, system-wide recording of the same GIL uprobes, computed
+from `perf script` by test/e2e/golden_expect.py (gilscan never reads it).
+
+usage: lifetime_e2e.py GILSCAN TESTDATA_DIR
+Prints "N passed, N failed".
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import check, done  # noqa: E402
+
+GILSCAN, DATA = (os.path.abspath(a) for a in sys.argv[1:3])
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3.11"
+SPAN_SLACK_NS = 1_000_000   # a thread's span within 1 ms of its real life
+GIL_TOLERANCE = 0.005       # GIL figures within 0.5% of the truth
+
+with tempfile.TemporaryDirectory() as tmp:
+    # The GIL probes, placed once; the truth records them system-wide.
+    r = subprocess.run([GILSCAN, "probe", PYTHON], capture_output=True, text=True)
+    check(r.returncode == 0, f"probes placed ({r.stderr[-300:]})")
+    group = r.stdout.split("in group ", 1)[1].split()[0] if "in group " in r.stdout else ""
+    truth_data = os.path.join(tmp, "truth.data")
+    truth = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-e", f"{group}:*",
+                              "-o", truth_data], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # perf has opened its events on every CPU
+    log, data, summ = (os.path.join(tmp, n) for n in ("life.json", "r.data", "s.json"))
+    r = subprocess.run([GILSCAN, "record", "-q", "--gil", "--state", "-o", data, "--trace", os.path.join(tmp, "t.json"),
+                        "--summary-json", summ, "--", PYTHON, os.path.join(DATA, "lifetimes.py"), log],
+                       capture_output=True, text=True)
+    time.sleep(0.2)
+    truth.send_signal(signal.SIGINT)
+    truth.wait(timeout=60)
+    check(r.returncode == 0, f"record exits 0 ({r.stderr[-400:]})")
+    life = json.load(open(log))
+    s = json.load(open(summ))
+    by_tid = {t["tid"]: t for t in s["threads"]}
+    expect = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "golden_expect.py"), truth_data],
+                                       capture_output=True, text=True, check=True).stdout)
+    truth_gil = expect.get("gil", {})
+    for name, real in sorted(life.items()):
+        t = by_tid.get(real["tid"])
+        check(t is not None, f"{name}: its thread is in the summary")
+        if t is None:
+            continue
+        # The thread lives from its clone, right after it was created (its
+        # function starts only once it has the GIL), to its exit, right
+        # after its function ends: the span is that, within a millisecond.
+        starts_after = t["first_ns"] - real["created_ns"]
+        ends_after = t["last_ns"] - real["end_ns"]
+        check(0 <= starts_after <= SPAN_SLACK_NS and t["first_ns"] <= real["start_ns"] and 0 <= ends_after <= SPAN_SLACK_NS,
+              f"{name}: span {t['first_ns']}..{t['last_ns']} within 1 ms of its life {real['created_ns']}..{real['end_ns']}"
+              f" (starts {starts_after} ns after its creation, ends {ends_after} ns after its function)")
+        accounted = t["running_us"] + t["runnable_us"] + t["sleep_us"] + t["disk_sleep_us"] + t["other_state_us"] + \
+            t["unknown_us"]
+        check(accounted <= t["span_us"] + 1, f"{name}: its states fit in its span ({accounted} us of {t['span_us']} us)")
+        g = truth_gil.get(str(real["tid"]))
+        check(g is not None and t["gil_wait_us"] is not None, f"{name}: GIL figures on both sides")
+        if g is None or t["gil_wait_us"] is None:
+            continue
+        for ours, theirs, what in ((t["gil_wait_us"] * 1000, g["wait_ns"], "wait"),
+                                   (t["gil_hold_us"] * 1000, g["hold_ns"], "hold")):
+            check(abs(ours - theirs) <= GIL_TOLERANCE * max(theirs, 1) + 1000,
+                  f"{name}: GIL {what} {ours / 1e6:.3f} ms against the truth's {theirs / 1e6:.3f} ms")
+    subprocess.run([GILSCAN, "probe", "--remove", "--group", group], capture_output=True)
+
+done("thread lifetimes")

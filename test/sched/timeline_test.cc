@@ -1,0 +1,412 @@
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <map>
+#include <random>
+
+#include "gilscan/sched/timeline.h"
+#include "support/test_util.h"
+#include "gilscan/sched/tid_map.h"
+
+using namespace gilscan;
+using namespace gilscan::test;
+
+TEST_CASE("sleep ends at the wake-up, runnable until the switch-in, running after") {
+    SchedRecording r;
+    r.switch_(50, 0, 10, 12, 1, 11);  // 11 switched in at 50
+    r.switch_(100, 0, 10, 11, 1, 0);  // 11 sleeps at 100
+    r.waking(150, 1, 10, 12, 11);     // woken at 150 by 12
+    r.switch_(170, 1, 10, 12, 1, 11); // on a CPU at 170
+    r.switch_(400, 1, 10, 11, 1, 0);
+    r.waking(500, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 2);
+    CHECK(sleeps[0].start == 100);
+    CHECK(sleeps[0].end == 150);
+    CHECK(sleeps[0].name == "S");
+    CHECK(sleeps[0].waker == 12);
+    CHECK_FALSE(sleeps[0].cut);
+    auto run = a.spans.of(11, SpanKind::Running);
+    REQUIRE(run.size() >= 2);
+    CHECK(run[0].start == 50);
+    CHECK(run[0].end == 100);
+    CHECK(run[1].start == 170);
+    CHECK(run[1].end == 400);
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->sleep_count == 2);
+    CHECK(t->sleep_ns == 50 + 100);
+    CHECK(t->runnable_ns == 20);
+    CHECK(t->running_ns == 50 + 230);
+    CHECK(t->hidden_switch_ins == 0);
+}
+
+TEST_CASE("preempted while runnable (prev_state 0x100, R+) is runnable, not asleep") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 0, 12);
+    r.switch_(20, 0, 10, 11, 0x100, 12);  // R+: preempted
+    r.switch_(60, 0, 10, 12, 1, 11);
+    r.switch_(90, 0, 10, 11, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    auto rn = a.spans.of(11, SpanKind::Runnable);
+    REQUIRE(rn.size() == 1);
+    CHECK(rn[0].start == 20);
+    CHECK(rn[0].end == 60);
+    CHECK(rn[0].name == "R+");
+    CHECK(a.thread(11)->sleep_count == 1);  // only the last one, cut at the end
+}
+
+TEST_CASE("D is its own state") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 2, 0);
+    r.waking(40, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto d = a.spans.of(11, SpanKind::DiskSleep);
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].name == "D");
+    CHECK(d[0].end - d[0].start == 30);
+    CHECK(a.thread(11)->disk_count == 1);
+    CHECK(a.thread(11)->sleep_count == 0);
+}
+
+TEST_CASE("a waking traced just before the switch-out ends that sleep at once") {
+    SchedRecording r;
+    r.switch_(1000, 0, 10, 12, 1, 11);      // 11 runs from 1000
+    r.waking(5000, 1, 10, 12, 11);          // ttwu on CPU 1 ...
+    r.switch_(5003, 0, 10, 11, 1, 0);       // ... races 11's __schedule on CPU 0
+    r.switch_(5100, 1, 10, 12, 1, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].start == 5003);
+    CHECK(sleeps[0].end == 5003);
+    CHECK(sleeps[0].woken_before);
+    auto rn = a.spans.of(11, SpanKind::Runnable);
+    REQUIRE(rn.size() == 1);
+    CHECK(rn[0].start == 5003);
+    CHECK(rn[0].end == 5100);
+    CHECK(rn[0].waker == 12);
+}
+
+TEST_CASE("an old wake-up of a running thread does not end a later sleep") {
+    SchedRecording r;
+    r.switch_(1000, 0, 10, 12, 1, 11);
+    r.waking(2000, 1, 10, 12, 11);               // spurious: 11 was running
+    r.switch_(2000 + 10'000'000, 0, 10, 11, 1, 0);  // sleeps 10 ms later
+    r.waking(2000 + 30'000'000, 1, 10, 12, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].end - sleeps[0].start == 20'000'000);
+    CHECK_FALSE(sleeps[0].woken_before);
+}
+
+TEST_CASE("a sleep still open at the end is cut there and marked") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 0);
+    r.switch_(90, 1, 10, 12, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 1);
+    CHECK(sleeps[0].cut);
+    CHECK(sleeps[0].end == 90);
+}
+
+TEST_CASE("switch-in never recorded (per-process recording): woken time counts as running") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 99);  // next is another process's task
+    r.waking(50, 1, 20, 99, 11);      // woken by a task of another process
+    r.waking(80, 1, 10, 11, 12);      // 11 is current here: it was switched in unseen
+    r.switch_(120, 0, 10, 11, 1, 99);
+    Analysis a = analyse_bytes(r.w.build());
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->hidden_switch_ins == 1);
+    CHECK(t->runnable_ns == 0);
+    CHECK(t->running_ns == 30 + 40);
+    // 99 belongs to a process the recording does not follow: no spans, not in the table.
+    CHECK(a.spans.of(99, SpanKind::Running).empty());
+    CHECK_FALSE(a.thread(99)->monitored);
+    CHECK_FALSE(a.cpu_wide);  // no idle task switched out: events per task
+    // The same with one switch of CPU 1's idle task (events per CPU, -a):
+    // the summary then names another cause for the switch-in unseen.
+    r.switch_(130, 1, 0, 0, 0, 12);
+    a = analyse_bytes(r.w.build());
+    CHECK(a.thread(11)->hidden_switch_ins == 1);
+    CHECK(a.cpu_wide);
+}
+
+TEST_CASE("LOST: states of threads last seen on that CPU become unknown until their next event") {
+    // CPU numbers as machines have them, and beyond the timeline's array of
+    // them (a damaged or foreign file): the same result.
+    for (uint32_t c0 : {0u, 5000u}) {
+        CAPTURE(c0);
+        SchedRecording r;
+        r.switch_(10, c0, 10, 11, 1, 0);      // 11 sleeps, on CPU c0
+        r.switch_(20, c0 + 1, 10, 12, 1, 0);  // 12 sleeps, on another CPU
+        r.w.lost(r.sw, 5, 30, c0);            // events lost on CPU c0 up to t=30
+        r.waking(60, c0 + 1, 10, 13, 11);
+        r.waking(70, c0 + 1, 10, 13, 12);
+        Analysis a = analyse_bytes(r.w.build());
+        CHECK(a.stats.lost_events == 5);
+        CHECK(a.stats.lost_by_cpu.at(c0) == 5);
+        auto unk = a.spans.of(11, SpanKind::Unknown);
+        REQUIRE(unk.size() == 1);
+        CHECK(unk[0].start == 10);  // from CPU c0's last event, before the loss was reported
+        CHECK(unk[0].end == 60);
+        CHECK(a.spans.of(11, SpanKind::Sleep).empty());
+        auto s12 = a.spans.of(12, SpanKind::Sleep);  // other CPU: untouched
+        REQUIRE(s12.size() == 1);
+        CHECK(s12[0].end == 70);
+    }
+}
+
+TEST_CASE("exit: the final switch-out (X/Z) ends the thread; a reused tid is a new thread") {
+    SchedRecording r;
+    r.w.task(PERF_RECORD_FORK, 0, 10, 10, 11, 10, 5);
+    r.switch_(10, 0, 10, 11, 1, 0);
+    r.waking(20, 1, 10, 12, 11);
+    r.switch_(25, 0, 10, 12, 1, 11);
+    r.w.task(PERF_RECORD_EXIT, 0, 10, 10, 11, 10, 30);
+    r.switch_(31, 0, 10, 11, 0x10, 0);  // X
+    r.w.task(PERF_RECORD_FORK, 0, 40, 40, 11, 40, 50);
+    r.switch_(60, 0, 40, 11, 1, 0);
+    Analysis a = analyse_bytes(r.w.build());
+    int n = 0;
+    for (auto& t : a.threads) n += t.tid == 11;
+    CHECK(n == 2);
+}
+
+TEST_CASE("IdMap: ids of any value, erase, 64-bit values") {
+    TidMap m;
+    m.set(5, 50);
+    m.set(int64_t{1} << 30, 7);  // beyond pid_max (a foreign recording)
+    m.set(-3, 9);
+    CHECK(m.size() == 3);
+    REQUIRE(m.find(5));
+    CHECK(*m.find(5) == 50);
+    CHECK(*m.find(int64_t{1} << 30) == 7);
+    CHECK(*m.find(-3) == 9);
+    CHECK_FALSE(m.find(6));
+    m.set(5, 51);
+    CHECK(m.size() == 3);
+    m.erase(5);
+    m.erase(-3);
+    CHECK_FALSE(m.find(5));
+    CHECK(m.size() == 1);
+    std::vector<int64_t> keys;
+    m.for_each([&](int64_t k, uint32_t) { keys.push_back(k); });
+    CHECK(keys == std::vector<int64_t>{int64_t{1} << 30});
+
+    IdMap<uint64_t> times;  // cpu -> time: 0 is a time like any other
+    times.set(3, 0);
+    times.set(70000, 123456789012345ull);
+    REQUIRE(times.find(3));
+    CHECK(*times.find(3) == 0);
+    CHECK(*times.find(70000) == 123456789012345ull);
+    CHECK_FALSE(times.find(2));
+}
+
+TEST_CASE("IdMap against std::map: random sets and erases, probe runs that wrap, the INT64_MIN key") {
+    // Consecutive tids, tids a table size apart (same home slot), negative
+    // and huge keys: the backward-shift erase must keep every probe run whole.
+    std::mt19937_64 rng(12345);
+    for (int round = 0; round < 4; ++round) {
+        IdMap<uint32_t> m;
+        std::map<int64_t, uint32_t> ref;
+        std::vector<int64_t> keys;
+        for (int i = 0; i < 300; ++i) keys.push_back(100000 + i);
+        for (int i = 0; i < 100; ++i) keys.push_back(int64_t{i} * 64);      // collide in a 64-slot table
+        for (int i = 0; i < 50; ++i) keys.push_back(int64_t{i} * 1024 + 7); // and in larger ones
+        keys.push_back(-1);
+        keys.push_back(std::numeric_limits<int64_t>::min());
+        keys.push_back(std::numeric_limits<int64_t>::max());
+        keys.push_back(int64_t{1} << 40);
+        for (int op = 0; op < 20000; ++op) {
+            const int64_t k = keys[rng() % keys.size()];
+            switch (rng() % 3) {
+            case 0:
+            case 1: {
+                const uint32_t v = static_cast<uint32_t>(rng() % 1000);
+                m.set(k, v);
+                ref[k] = v;
+                break;
+            }
+            default:
+                m.erase(k);
+                ref.erase(k);
+            }
+            if (op % 97 == 0) {
+                REQUIRE(m.size() == ref.size());
+                for (int64_t q : keys) {
+                    const uint32_t* got = m.find(q);
+                    auto it = ref.find(q);
+                    REQUIRE((got != nullptr) == (it != ref.end()));
+                    if (got) REQUIRE(*got == it->second);
+                }
+            }
+        }
+        std::map<int64_t, uint32_t> seen;
+        m.for_each([&](int64_t k, uint32_t v) { CHECK(seen.emplace(k, v).second); });
+        CHECK(seen == ref);
+    }
+}
+
+TEST_CASE("PtrIdMap against std::map: direct pages, ids at and past 2^22, negative ids, erase and reuse") {
+    std::mt19937_64 rng(777);
+    int values[1000];
+    for (int round = 0; round < 3; ++round) {
+        PtrIdMap<int> m;
+        std::map<int64_t, int*> ref;
+        std::vector<int64_t> keys;
+        for (int i = 0; i < 300; ++i) keys.push_back(2000000 + i);            // one process's tids
+        for (int i = 0; i < 100; ++i) keys.push_back(int64_t(rng() % (1u << 22)));  // scattered over the range
+        for (int i = 0; i < 8; ++i) keys.push_back(255 + i * 256);            // page edges
+        keys.push_back(0);
+        keys.push_back((int64_t{1} << 22) - 1);  // the last direct id
+        keys.push_back(int64_t{1} << 22);        // the first that is not
+        keys.push_back(int64_t{1} << 40);
+        keys.push_back(-1);
+        keys.push_back(std::numeric_limits<int64_t>::min());
+        for (int op = 0; op < 20000; ++op) {
+            const int64_t k = keys[rng() % keys.size()];
+            if (rng() % 3) {
+                int* v = &values[rng() % 1000];
+                m.set(k, v);
+                ref[k] = v;
+            } else {
+                m.erase(k);
+                ref.erase(k);
+            }
+            if (op % 97 == 0) {
+                REQUIRE(m.size() == ref.size());
+                for (int64_t q : keys) {
+                    int* const* got = m.find(q);
+                    auto it = ref.find(q);
+                    REQUIRE((got != nullptr) == (it != ref.end()));
+                    if (got) REQUIRE(*got == it->second);
+                }
+            }
+        }
+        CHECK_FALSE(m.find(3));  // never set (its page may exist: id 0 shares it)
+        std::map<int64_t, int*> seen;
+        m.for_each([&](int64_t k, int* v) { CHECK(seen.emplace(k, v).second); });
+        CHECK(seen == ref);
+    }
+}
+
+TEST_CASE("a sink that wants no spans gets none, and every thread's figures are the same as with spans") {
+    // A summary-only run: the timeline skips building spans nobody reads.
+    struct NoSpans : SpanSink {
+        int calls = 0;
+        void span(const Span&) override { ++calls; }
+        bool wants_spans() const override { return false; }
+    };
+    // gil_combined: scheduler events and GIL probes (GIL sleeps); plain, lost:
+    // scheduler events only, lost has LOST records (unknown spans).
+    for (std::string name : {"gil_combined", "plain", "lost"}) {
+        CAPTURE(name);
+        const std::string path = std::string(GILSCAN_TESTDATA) + "/" + name + ".data";
+        std::vector<std::vector<ThreadStats>> runs;
+        size_t spans = 0;
+        // The uprobe classifier's labels: with spans named, without them
+        // (label.text false) the same decisions with no strings.
+        size_t gil_labels[2] = {0, 0}, named[2] = {0, 0}, text_mismatch = 0;
+        for (bool want : {true, false}) {
+            Session s(path);
+            Collect collect;
+            NoSpans none;
+            GilTracker gil(nullptr);
+            Timeline tl(s, want ? static_cast<SpanSink&>(collect) : none);
+            tl.set_classifier([&, by_probes = gil_probe_classifier(gil)](const Sample& smp, const EventInfo& ev,
+                                                                         const PrevState& ps, SleepLabel& l) {
+                text_mismatch += l.text != want;
+                by_probes(smp, ev, ps, l);
+                gil_labels[want] += l.gil;
+                named[want] += !l.name.empty() || !l.evidence().empty();
+            });
+            FanOutOf<GilTracker, Timeline> stages(gil, tl);
+            s.run(stages);
+            tl.finish(s.stats().last_time);
+            runs.emplace_back();
+            for (const ThreadStats* t : tl.threads()) runs.back().push_back(*t);
+            if (want) spans = collect.spans.size();
+            else CHECK(none.calls == 0);
+        }
+        CHECK(spans > 100);
+        REQUIRE(runs[0].size() == runs[1].size());
+        uint64_t gil_sleeps = 0;
+        for (size_t i = 0; i < runs[0].size(); ++i) {
+            const ThreadStats &a = runs[0][i], &b = runs[1][i];
+            CAPTURE(a.tid);
+            CHECK(a.tid == b.tid);
+            CHECK(a.tgid == b.tgid);
+            CHECK(a.running_ns == b.running_ns);
+            CHECK(a.runnable_ns == b.runnable_ns);
+            CHECK(a.sleep_ns == b.sleep_ns);
+            CHECK(a.sleep_count == b.sleep_count);
+            CHECK(a.disk_ns == b.disk_ns);
+            CHECK(a.disk_count == b.disk_count);
+            CHECK(a.other_ns == b.other_ns);
+            CHECK(a.unknown_ns == b.unknown_ns);
+            CHECK(a.gil_sleep_ns == b.gil_sleep_ns);
+            CHECK(a.gil_sleep_count == b.gil_sleep_count);
+            gil_sleeps += a.gil_sleep_count;
+        }
+        if (name == "gil_combined") CHECK(gil_sleeps > 0);
+        CHECK(text_mismatch == 0);
+        CHECK(gil_labels[0] == gil_labels[1]);
+        CHECK(named[0] == 0);
+        if (name == "gil_combined") CHECK(named[1] >= gil_labels[1]);
+        if (name == "gil_combined") CHECK(gil_labels[1] > 0);
+    }
+}
+
+// SleepLabel's evidence is a literal view or a built string: each sleep's
+// span shows its own, and clear() between sleeps leaves neither behind (a
+// literal kept would hide the next sleep's built text; a built text kept
+// would label a sleep nobody classified).
+TEST_CASE("a sleep's evidence is its own label's: a literal, a built string, or none") {
+    SchedRecording r;
+    r.switch_(50, 0, 10, 12, 1, 11);
+    for (uint64_t t = 100; t <= 300; t += 100) {
+        r.switch_(t, 0, 10, 11, 1, 0);         // 11 sleeps
+        r.waking(t + 20, 1, 10, 12, 11);       // woken by 12
+        r.switch_(t + 40, 0, 10, 12, 1, 11);   // and on a CPU again
+    }
+    r.switch_(400, 0, 10, 11, 1, 0);
+    TempFile f(r.w.build());
+    Session s(f.path);
+    struct Evidence : SpanSink {
+        std::vector<std::pair<std::string, std::string>> sleeps;  // name, evidence
+        void span(const Span& sp) override {
+            if (sp.tid == 11 && sp.kind == SpanKind::Sleep) sleeps.emplace_back(sp.name, sp.evidence);
+        }
+    } sink;
+    Timeline tl(s, sink);
+    int calls = 0;
+    tl.set_classifier([&](const Sample& smp, const EventInfo&, const PrevState&, SleepLabel& l) {
+        if (smp.tid != 11) return;
+        CHECK(l.evidence().empty());  // cleared since the last sleep
+        switch (calls++) {
+        case 0:
+            l.name = "S(GIL)";
+            l.evidence_literal = "a literal";
+            break;
+        case 1:
+            l.name = "S(GIL handoff)";
+            l.evidence_built = "built for sleep " + std::to_string(calls);
+            break;
+        default: break;  // unclassified
+        }
+    });
+    s.run(tl);
+    tl.finish(s.stats().last_time);
+    CHECK(calls == 4);
+    REQUIRE(sink.sleeps.size() == 4);
+    CHECK(sink.sleeps[0] == std::pair<std::string, std::string>{"S(GIL)", "a literal"});
+    CHECK(sink.sleeps[1] == std::pair<std::string, std::string>{"S(GIL handoff)", "built for sleep 2"});
+    CHECK(sink.sleeps[2] == std::pair<std::string, std::string>{"S", ""});
+    CHECK(sink.sleeps[3] == std::pair<std::string, std::string>{"S", ""});
+}
