@@ -4,8 +4,7 @@
 // and right after another freshmem, as gilscan is timed right after `perf
 // script`: on a VM whose host takes freed guest memory back (free page
 // reporting), the first figure is many times the second, and every MiB
-// gilscan touches first costs it that much (bench/NOTES.md, the
-// forty-second session).
+// gilscan touches first costs it that much.
 //
 //   freshmem [MIB]     # default 64
 #include <sys/mman.h>

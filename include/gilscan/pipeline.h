@@ -1,14 +1,16 @@
-// The whole analysis of one recording, stage by stage (the ordered list the
-// command line and `gilscan batch` share).
+// The whole analysis of one recording: the stages in order (docs/design.md,
+// "The stages"), shared by `gilscan FILE`, `gilscan record` and
+// `gilscan batch`.
 //
 //   AnalysisOptions o;
 //   o.input = "perf.data";
 //   o.output = "trace.json";          // "" = no trace
 //   FileSummary s = analyse_recording(o);
 //
-// Stages: file/header/features -> records in time order (Session) ->
-// tracepoint formats -> process maps -> binaries, unwinding, GIL locator ->
-// GIL uprobes -> thread state machines (Timeline) -> trace and summary.
+// Stages: 1. perfdata (the file, header, features, records in time order)
+// -> 2. sched (tracepoint events, per-thread state spans) -> 3. symbols
+// (process maps, binaries, unwinding, names) -> 4. gil (GIL uprobes, sleeps
+// labelled from stacks) -> 5. output (trace and summary).
 // Throws gilscan::Error for an input that is not a usable recording; the
 // trace is then not written.
 #pragma once
@@ -54,8 +56,8 @@ struct AnalysisOptions {
     // Called with the finished summary once the trace is committed, before
     // the run's memory is freed. `gilscan FILE` reports there and ends the
     // process: freeing a run's caches, Dwfls and buffers (libdw's trees, the
-    // read chunks' munmaps) took some 10 ms of a 0.15 s -j 2 --sleep-stacks
-    // run, work the kernel does anyway at exit.
+    // read chunks' munmaps) is a noticeable part of a short run, and work the
+    // kernel does anyway at exit.
     std::function<void(const FileSummary&)> on_complete;
 };
 

@@ -255,22 +255,6 @@ std::string rows_text(const std::vector<nlohmann::json>& rows, const char* const
     return text;
 }
 
-constexpr const char* kUsage =
-    "usage: gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR] [--symfs DIR]\n"
-    "                     [--gil-evidence auto|stacks|probes] [--gil-functions out.jsonl|out.csv]\n"
-    "                     [--perf-maps DIR | --no-perf-maps] [--cache-dir DIR | --no-cache]\n"
-    "                     [--max-unpacked MIB] PATH...\n\n"
-    "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
-    "perf.data*) in parallel, each in a process of its own: one summary row per recording\n"
-    "and thread. A recording that cannot be read, or whose analysis crashes, gets a row\n"
-    "with its error; the exit status is 1 if nothing could be read or anything could not\n"
-    "be written.\n"
-    "--gil-functions writes GIL waits by Python function (gilscan --gil-functions), one\n"
-    "row per recording, process and function, naming JIT frames from DIR/perf-PID.map\n"
-    "(--perf-maps; default /tmp, as perf). *.zst archives unpack under $TMPDIR (else\n"
-    "/tmp), each to at most --max-unpacked MiB (default 65536) and never into the last\n"
-    "tenth (at most 1 GiB) of that disk's free space.\n";
-
 struct BatchOptions {
     unsigned jobs = all_cores();
     std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, perf_maps = "/tmp";
@@ -279,51 +263,46 @@ struct BatchOptions {
     std::vector<std::string> paths;
 };
 
-BatchOptions parse_batch_args(int argc, char** argv) {
+constexpr const char* kAbout =
+    "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
+    "perf.data*) in parallel, each in a process of its own: one summary row per recording\n"
+    "and thread. A recording that cannot be read, or whose analysis crashes, is a row\n"
+    "with its error; the exit status is 1 if nothing could be read or anything could not\n"
+    "be written.";
+
+// Returns nullopt for --help (printed).
+std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
     BatchOptions o;
-    for (int i = 2; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw UsageError(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "-j") {
-            o.jobs = cli_number<unsigned>("-j", value(), 1, 1024);
-        } else if (a == "--summary") {
-            o.summary_path = value();
-        } else if (a == "--traces") {
-            o.traces_dir = value();
-        } else if (a == "--symfs") {
-            o.symfs = value();
-        } else if (a == "--gil-evidence") {
-            o.evidence = value();
-            if (o.evidence != "auto" && o.evidence != "stacks" && o.evidence != "probes")
-                throw UsageError("--gil-evidence takes auto, stacks or probes");
-        } else if (a == "--gil-functions") {
-            o.functions_path = value();
-            if (o.functions_path.empty()) throw UsageError("--gil-functions needs a file");
-        } else if (a == "--perf-maps") {
-            o.perf_maps = value();
-            if (o.perf_maps.empty()) throw UsageError("--perf-maps needs a directory");
-        } else if (a == "--no-perf-maps") {
-            o.perf_maps.clear();
-        } else if (a == "--cache-dir") {
-            o.cache_dir = value();
-            if (o.cache_dir.empty()) throw UsageError("--cache-dir needs a directory");
-            o.cache_dir = cache_entries_dir(o.cache_dir);
-        } else if (a == "--no-cache") {
-            o.cache_dir.clear();
-        } else if (a == "--max-unpacked") {
-            o.max_unpacked = cli_number<uint64_t>("--max-unpacked", value(), 1, 1ull << 40) << 20;
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            std::exit(std::fflush(stdout) == 0 ? 0 : 1);
-        } else if (!a.empty() && a[0] == '-') {
-            throw UsageError("unknown option " + a);
-        } else {
-            o.paths.push_back(a);
-        }
-    }
+    OptionTable t("gilscan batch", "[options] PATH...", kAbout);
+    t.section("Outputs");
+    t.value("--summary", "out.jsonl|out.csv", "one row per recording and thread (CSV by the name)",
+            [&](const std::string& v) { o.summary_path = v; });
+    t.value("--traces", "DIR", "one Chrome trace per recording, in DIR", [&](const std::string& v) { o.traces_dir = v; });
+    t.value("--gil-functions", "out.jsonl|out.csv", "GIL waits by Python function, per recording and process",
+            [&](const std::string& v) { o.functions_path = non_empty("--gil-functions", v, "a file"); });
+    t.section("Analysis (as gilscan FILE's)");
+    t.value("--gil-evidence", "MODE", "auto|stacks|probes: what labels a sleep S(GIL)", [&](const std::string& v) {
+        if (v != "auto" && v != "stacks" && v != "probes") throw UsageError("--gil-evidence takes auto, stacks or probes");
+        o.evidence = v;
+    });
+    t.value("--symfs", "DIR", "look for the recorded binaries under DIR first", [&](const std::string& v) { o.symfs = v; });
+    t.value("--perf-maps", "DIR", "perf maps and jitdumps for JIT frames (default /tmp)",
+            [&](const std::string& v) { o.perf_maps = non_empty("--perf-maps", v, "a directory"); });
+    t.flag("--no-perf-maps", "leave JIT frames unnamed", [&] { o.perf_maps.clear(); });
+    t.value("--cache-dir", "DIR", "keep the cache in DIR/gilscan-cache (default ~/.cache)", [&](const std::string& v) {
+        o.cache_dir = cache_entries_dir(non_empty("--cache-dir", v, "a directory"));
+    });
+    t.flag("--no-cache", "neither use nor fill the cache", [&] { o.cache_dir.clear(); });
+    t.section("Running");
+    t.value("-j", "N", "recordings analysed at once (default: all cores)",
+            [&](const std::string& v) { o.jobs = cli_number<unsigned>("-j", v, 1, 1024); });
+    t.value("--max-unpacked", "MIB", "the most a .zst archive may unpack to (default 65536)", [&](const std::string& v) {
+        o.max_unpacked = cli_number<uint64_t>("--max-unpacked", v, 1, 1ull << 40) << 20;
+    });
+    t.operands("PATH", [&](const std::string& v) { o.paths.push_back(v); });
+    t.epilogue("Archives unpack under $TMPDIR (else /tmp), never into the last tenth of its free space.\n"
+               "Every option in detail: docs/usage.md.");
+    if (!t.parse(argc, argv, 2)) return std::nullopt;
     if (o.paths.empty()) throw UsageError("no recordings given");
     return o;
 }
@@ -440,21 +419,21 @@ int batch_one_main(int argc, char** argv) {
     uint64_t max_unpacked = kDefaultMaxUnpacked;
     if (argc < 3) throw UsageError("no recording given");
     o.input = argv[2];  // first, whatever its name (one_args puts it there)
-    for (int i = 3; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-        if (a == "--gil-evidence") o.gil_evidence = value();
-        else if (a == "-j") o.jobs = cli_number<unsigned>("-j", value(), 1, 1024);
-        else if (a == "--max-unpacked") max_unpacked = cli_number<uint64_t>("--max-unpacked", value(), 1, 1ull << 40) << 20;
-        else if (a == "--symfs") o.symfs = value();
-        else if (a == "--perf-maps") o.perf_maps = value();
-        else if (a == "--no-perf-maps") o.perf_maps.clear();
-        else if (a == "--cache-entries") o.debuginfo_cache = value();
-        else if (a == "--no-cache") o.debuginfo_cache.clear();
-        else if (a == "--gil-functions") o.gil_functions = true;
-        else if (a == "-o") o.output = value();
-        else throw UsageError("unknown option " + a);
-    }
+    // The options one_args passes on; not a command for users (no help).
+    OptionTable t(kBatchOneCommand, "FILE [options]", "");
+    t.value("--gil-evidence", "E", "", [&](const std::string& v) { o.gil_evidence = v; });
+    t.value("-j", "N", "", [&](const std::string& v) { o.jobs = cli_number<unsigned>("-j", v, 1, 1024); });
+    t.value("--max-unpacked", "MIB", "", [&](const std::string& v) {
+        max_unpacked = cli_number<uint64_t>("--max-unpacked", v, 1, 1ull << 40) << 20;
+    });
+    t.value("--symfs", "DIR", "", [&](const std::string& v) { o.symfs = v; });
+    t.value("--perf-maps", "DIR", "", [&](const std::string& v) { o.perf_maps = v; });
+    t.flag("--no-perf-maps", "", [&] { o.perf_maps.clear(); });
+    t.value("--cache-entries", "DIR", "", [&](const std::string& v) { o.debuginfo_cache = v; });
+    t.flag("--no-cache", "", [&] { o.debuginfo_cache.clear(); });
+    t.flag("--gil-functions", "", [&] { o.gil_functions = true; });
+    t.value("-o", "FILE", "", [&](const std::string& v) { o.output = v; });
+    if (!t.parse(argc, argv, 3)) return 0;
     const std::string path = o.input;
     nlohmann::json answer;
     try {
@@ -487,13 +466,9 @@ int batch_one_main(int argc, char** argv) {
 }
 
 int batch_main(int argc, char** argv) {
-    BatchOptions opt;
-    try {
-        opt = parse_batch_args(argc, argv);
-    } catch (const UsageError& e) {
-        std::fprintf(stderr, "gilscan: error: %s\n(see gilscan batch --help)\n", e.what());
-        return 2;
-    }
+    const std::optional<BatchOptions> parsed = parse_batch_args(argc, argv);
+    if (!parsed) return std::fflush(stdout) == 0 ? 0 : 1;
+    const BatchOptions& opt = *parsed;
     const std::vector<std::string> inputs = batch_inputs(opt.paths);
     if (inputs.empty()) {
         std::fprintf(stderr, "gilscan: error: no recordings found under the given paths\n");

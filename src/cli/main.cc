@@ -2,9 +2,9 @@
 //
 //   gilscan perf.data -o trace.json [--summary-json s.json] [--running]
 //
-// main reads as the ordered list of stages: file/header/features and records
-// (Session) -> tracepoint formats and thread state machines (Timeline) ->
-// outputs (TraceWriter, summary).
+// main picks the command (record, batch, probe, help, or the analysis of a
+// FILE), parses its options (cli/options.h) and runs it; the analysis
+// itself, stage by stage, is analyse_recording (pipeline.h).
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -30,73 +30,6 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: gilscan FILE [options]
-       gilscan probe [--print] [--remove] [PYTHON_OR_LIBPYTHON...]
-       gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions] -- python3 script.py
-       gilscan batch [-j N] [--summary out.jsonl|out.csv] [--traces DIR]
-                     [--gil-functions out.jsonl|out.csv] [options] PATH...
-                     (gilscan batch --help)
-
-Reads a perf.data recording (file or pipe mode, plain or zstd -z) of
-scheduler tracepoints and writes a Chrome trace and a per-thread summary.
-
-  -o, --output FILE        write the Chrome trace JSON to FILE ("-": stdout)
-      --summary-json FILE  write the per-thread summary as JSON
-      --running            include running spans ("R") in the trace
-      --no-runnable        leave runnable spans ("R+") out of the trace
-      --no-sleeping        leave sleep spans out of the trace
-      --pid PID[,PID...]   only these processes (trace and summary)
-      --gil-evidence auto|stacks|probes
-                           what labels a sleep S(GIL): take_gil/drop_gil uprobes, or
-                           the DWARF-unwound stack of the switch-out (auto: uprobes
-                           when the recording has them, else stacks)
-  -j, --jobs N             threads to use (default and 0: all cores). 1: one
-                           thread does everything. 2: one thread reads the
-                           recording while another runs the stages, and the
-                           trace is written by a thread that mostly waits on
-                           the disk. 3 and up, with --sleep-stacks: N-2 more
-                           threads unwind and symbolize the sleeps' stacks.
-                           The results are byte-identical whatever N is
-      --sleep-stacks N     put each sleep's symbolized stack in the trace (kernel
-                           frames from CALLCHAIN, up to N unwound user frames)
-      --gil-functions      summary: GIL waits (S(GIL) sleeps) by the Python function
-                           that waits, from stacks unwound past take_gil to
-                           their first JIT frame (Python 3.12+ run with -X perf,
-                           3.13+ with -X perf_jit; see --perf-maps)
-      --symfs DIR          look for the recorded binaries under DIR first (and in a
-                           perf build-id cache there)
-      --perf-maps DIR      name frames in JIT code (Python 3.12+ run with -X perf)
-                           for --sleep-stacks and --gil-functions from
-                           DIR/perf-PID.map, as perf does from /tmp (default: /tmp),
-                           or DIR/jit-PID.dump (3.13+ with -X perf_jit: names,
-                           and the CFI to unwind on through; no perf inject).
-                           Where DIR has neither: a process that still runs,
-                           in its own /tmp by its pid there (containers); a
-                           jitdump by the path and name the process mapped
-      --no-perf-maps       leave those frames unnamed
-      --cache-dir DIR      keep inflated copies of compressed debug files (Debian's
-                           *-dbg packages) in DIR, by build-id, so that later runs
-                           skip the inflate, this boot's kernel symbols (read
-                           from /proc/kallsyms once), and the names of the frames
-                           sleep stacks went through, per binary (so that later
-                           runs do not build libdw's naming state for them)
-                           (default: $GILSCAN_CACHE_DIR, else
-                           $XDG_CACHE_HOME/gilscan, else ~/.cache/gilscan; plus
-                           /debuginfo). Safe to delete at any time; kept under
-                           $GILSCAN_CACHE_MAX_MB MiB (default 2048), least
-                           recently used entries removed first
-      --no-cache           neither use nor fill that cache
-      --all-threads        table: every thread, also of processes without GIL
-                           events when the recording has GIL uprobes
-  -q, --quiet              no summary table on stdout
-      --version            print the version
-  -h, --help               this text
-
-Record with, for example:
-  perf record -k CLOCK_MONOTONIC -e sched:sched_switch -e sched:sched_wakeup \
-      -e sched:sched_waking -e sched:sched_process_fork -- python3 app.py
-)";
-
 struct Options {
     std::string input;
     std::string output;
@@ -114,92 +47,92 @@ struct Options {
     std::string cache_dir = gilscan::default_debuginfo_cache_dir();
 };
 
-[[noreturn]] void usage_error(const std::string& msg) {
-    std::fprintf(stderr, "gilscan: error: %s\n(see gilscan --help)\n", msg.c_str());
-    std::exit(2);
+constexpr const char* kAbout =
+    R"(Where the GIL costs a Python program, from a perf.data recording (file or pipe
+mode, plain or zstd): a Chrome trace (-o) and a per-thread table. Also:
+  gilscan record [options] -- PROGRAM   record a program with perf, then analyse it
+  gilscan batch [options] PATH...       many recordings: one summary row per thread
+  gilscan probe [options] [PYTHON...]   place the GIL uprobes for a perf record of your own
+  gilscan help [COMMAND]                this text, or a command's options)";
+
+// The analysis options: `gilscan FILE`'s table (and its --help).
+gilscan::OptionTable analysis_table(Options& o) {
+    using gilscan::cli_number;
+    gilscan::OptionTable t("gilscan", "FILE [options]", kAbout);
+    t.section("Outputs");
+    t.value("-o, --output", "FILE", "the Chrome trace JSON (\"-\": stdout; .gz/.zst: compressed)",
+            [&](const std::string& v) { o.output = v; });
+    t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { o.summary_json = v; });
+    t.flag("-q, --quiet", "no summary table on stdout", [&] { o.quiet = true; });
+    t.flag("--all-threads", "table: also threads of processes without GIL events", [&] { o.all_threads = true; });
+    t.section("What the trace shows");
+    t.flag("--running", "running spans (R) too, as per4m's --running", [&] { o.running = true; });
+    t.flag("--no-running", "no running spans (the default)", [&] { o.running = false; });
+    t.flag("--no-runnable", "leave runnable spans (R+) out", [&] { o.runnable = false; });
+    t.flag("--no-sleeping", "leave sleep spans out", [&] { o.sleeping = false; });
+    t.value("--pid", "PID[,PID...]", "only these processes (trace and summary)", [&](const std::string& list) {
+        size_t pos = 0;
+        while (pos <= list.size()) {
+            size_t comma = list.find(',', pos);
+            if (comma == std::string::npos) comma = list.size();
+            o.pids.insert(cli_number<int32_t>("--pid", list.substr(pos, comma - pos), 1, gilscan::kMaxPid));
+            pos = comma + 1;
+        }
+    });
+    t.value("--sleep-stacks", "N", "each sleep's symbolized stack, up to N user frames", [&](const std::string& v) {
+        o.sleep_stacks = cli_number<unsigned>("--sleep-stacks", v, 1, 1024);
+    });
+    t.section("The GIL");
+    t.value("--gil-evidence", "MODE", "auto|stacks|probes: what labels a sleep S(GIL) (auto: uprobes, else stacks)",
+            [&](const std::string& v) {
+                if (v != "auto" && v != "stacks" && v != "probes")
+                    throw gilscan::UsageError("--gil-evidence takes auto, stacks or probes");
+                o.gil_evidence = v;
+            });
+    t.flag("--gil-functions", "GIL waits by Python function (-X perf or -X perf_jit stacks)",
+           [&] { o.gil_functions = true; });
+    t.section("Binaries, JIT maps and the cache");
+    t.value("--symfs", "DIR", "look for the recorded binaries under DIR first", [&](const std::string& v) { o.symfs = v; });
+    t.value("--perf-maps", "DIR", "perf-PID.map / jit-PID.dump files for JIT frames (default /tmp)",
+            [&](const std::string& v) { o.perf_maps = gilscan::non_empty("--perf-maps", v, "a directory"); });
+    t.flag("--no-perf-maps", "leave JIT frames unnamed", [&] { o.perf_maps.clear(); });
+    t.value("--cache-dir", "DIR", "keep the cache in DIR/gilscan-cache (default ~/.cache)", [&](const std::string& v) {
+        o.cache_dir = gilscan::cache_entries_dir(gilscan::non_empty("--cache-dir", v, "a directory"));
+    });
+    t.flag("--no-cache", "neither use nor fill the cache", [&] { o.cache_dir.clear(); });
+    t.section("Running");
+    t.value("-j, --jobs", "N", "threads (default and 0: all cores); results are the same at any N",
+            [&](const std::string& v) {
+                const unsigned n = cli_number<unsigned>("-j", v, 0, 256);
+                o.jobs = n == 0 ? gilscan::all_cores() : n;
+            });
+    t.flag("--version", "print the version", [] {
+        std::puts("gilscan 0.1.0");
+        std::exit(0);
+    });
+    t.operands("FILE", [&](const std::string& v) {
+        if (!o.input.empty()) throw gilscan::UsageError("more than one input file");
+        o.input = v;
+    });
+    t.epilogue("Every option in detail: docs/usage.md. Record with gilscan record -- python3 app.py.");
+    return t;
 }
 
-template <class T>
-T number(const char* option, const std::string& text, T min, T max) {
-    try {
-        return gilscan::cli_number<T>(option, text, min, max);
-    } catch (const gilscan::UsageError& e) {
-        usage_error(e.what());
-    }
+[[noreturn]] void usage_error(const std::string& command, const std::string& msg) {
+    std::fprintf(stderr, "gilscan: error: %s\n(see gilscan help%s)\n", msg.c_str(),
+                 command == "gilscan" ? "" : (" " + command.substr(8)).c_str());
+    std::exit(2);
 }
 
 Options parse_args(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&](const char* name) -> std::string {
-            if (i + 1 >= argc) usage_error(std::string(name) + " needs a value");
-            return argv[++i];
-        };
-        if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        } else if (a == "--version") {
-            std::puts("gilscan 0.1.0");
-            std::exit(0);
-        } else if (a == "-o" || a == "--output") {
-            o.output = value("-o");
-        } else if (a == "--summary-json") {
-            o.summary_json = value("--summary-json");
-        } else if (a == "--running") {
-            o.running = true;
-        } else if (a == "--no-running") {
-            o.running = false;
-        } else if (a == "--no-runnable") {
-            o.runnable = false;
-        } else if (a == "--no-sleeping") {
-            o.sleeping = false;
-        } else if (a == "--pid") {
-            std::string list = value("--pid");
-            size_t pos = 0;
-            while (pos <= list.size()) {
-                size_t comma = list.find(',', pos);
-                if (comma == std::string::npos) comma = list.size();
-                o.pids.insert(number<int32_t>("--pid", list.substr(pos, comma - pos), 1, gilscan::kMaxPid));
-                pos = comma + 1;
-            }
-        } else if (a == "--gil-evidence") {
-            o.gil_evidence = value("--gil-evidence");
-            if (o.gil_evidence != "auto" && o.gil_evidence != "stacks" && o.gil_evidence != "probes")
-                usage_error("--gil-evidence takes auto, stacks or probes");
-        } else if (a == "-j" || a == "--jobs") {
-            const unsigned n = number<unsigned>("-j", value("-j"), 0, 256);
-            o.jobs = n == 0 ? gilscan::all_cores() : n;
-        } else if (a == "--sleep-stacks") {
-            o.sleep_stacks = number<unsigned>("--sleep-stacks", value("--sleep-stacks"), 1, 1024);
-        } else if (a == "--gil-functions") {
-            o.gil_functions = true;
-        } else if (a == "--symfs") {
-            o.symfs = value("--symfs");
-        } else if (a == "--perf-maps") {
-            o.perf_maps = value("--perf-maps");
-            if (o.perf_maps.empty()) usage_error("--perf-maps needs a directory");
-        } else if (a == "--no-perf-maps") {
-            o.perf_maps.clear();
-        } else if (a == "--cache-dir") {
-            o.cache_dir = value("--cache-dir");
-            if (o.cache_dir.empty()) usage_error("--cache-dir needs a directory");
-            o.cache_dir = gilscan::cache_entries_dir(o.cache_dir);
-        } else if (a == "--no-cache") {
-            o.cache_dir.clear();
-        } else if (a == "--all-threads") {
-            o.all_threads = true;
-        } else if (a == "-q" || a == "--quiet") {
-            o.quiet = true;
-        } else if (!a.empty() && a[0] == '-' && a != "-") {
-            usage_error("unknown option " + a);
-        } else if (o.input.empty()) {
-            o.input = a;
-        } else {
-            usage_error("more than one input file");
-        }
+    gilscan::OptionTable t = analysis_table(o);
+    try {
+        if (!t.parse(argc, argv, 1)) std::exit(std::fflush(stdout) == 0 ? 0 : 1);
+        if (o.input.empty()) throw gilscan::UsageError("no input file");
+    } catch (const gilscan::UsageError& e) {
+        usage_error(t.command(), e.what());
     }
-    if (o.input.empty()) usage_error("no input file");
     return o;
 }
 
@@ -283,9 +216,7 @@ void report(const Options& opt, const gilscan::FileSummary& summary) {
 int run(const Options& opt, bool exit_when_done = false) {
     gilscan::check_outputs(outputs_of(opt), {opt.input});
     gilscan::remove_temporaries_on_signals();
-    // The stages, in order, are in gilscan::analyse_recording (src/pipeline.cc):
-    // file/header/features -> records -> tracepoint formats -> process maps ->
-    // unwinding and symbols -> GIL locator -> thread state machines -> trace.
+    // The stages, in order: gilscan::analyse_recording (src/pipeline.cc).
     gilscan::AnalysisOptions a = analysis_options(opt);
     if (exit_when_done && kExitWhenDone) {
         a.on_complete = [&opt](const gilscan::FileSummary& summary) {
@@ -299,15 +230,34 @@ int run(const Options& opt, bool exit_when_done = false) {
     return 0;
 }
 
-// A subcommand's one-line error and exit status for anything it throws.
+// A subcommand's one-line error and exit status for anything it throws; a
+// usage error says where the command's options are, and exits 2.
 template <class F>
-int guarded(int status_on_error, F&& f) {
+int guarded(const std::string& command, int status_on_error, F&& f) {
     try {
         return f();
+    } catch (const gilscan::UsageError& e) {
+        usage_error("gilscan " + command, e.what());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "gilscan: error: %s\n", e.what());
         return status_on_error;
     }
+}
+
+// `gilscan help [COMMAND]`: the command's --help.
+int help_main(int argc, char** argv) {
+    if (argc < 3) {
+        Options o;
+        const std::string h = analysis_table(o).help();
+        std::fwrite(h.data(), 1, h.size(), stdout);
+        return std::fflush(stdout) == 0 ? 0 : 1;
+    }
+    const std::string cmd = argv[2];
+    if (cmd != "record" && cmd != "batch" && cmd != "probe") usage_error("gilscan", "no command " + cmd);
+    char help[] = "--help";
+    char* args[] = {argv[0], argv[2], help, nullptr};
+    if (cmd == "record") return gilscan::record_main(3, args).status;
+    return cmd == "batch" ? gilscan::batch_main(3, args) : gilscan::probe_main(3, args);
 }
 
 }  // namespace
@@ -315,11 +265,13 @@ int guarded(int status_on_error, F&& f) {
 int main(int argc, char** argv) {
     hold_standard_fds();
     const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "probe") return guarded(1, [&] { return gilscan::probe_main(argc, argv); });
-    if (cmd == "batch") return guarded(2, [&] { return gilscan::batch_main(argc, argv); });
-    if (cmd == gilscan::kBatchOneCommand) return guarded(1, [&] { return gilscan::batch_one_main(argc, argv); });
+    if (cmd == "help") return help_main(argc, argv);
+    if (cmd == "probe") return guarded(cmd, 1, [&] { return gilscan::probe_main(argc, argv); });
+    if (cmd == "batch") return guarded(cmd, 2, [&] { return gilscan::batch_main(argc, argv); });
+    if (cmd == gilscan::kBatchOneCommand)
+        return guarded(cmd, 1, [&] { return gilscan::batch_one_main(argc, argv); });
     if (cmd == "record") {
-        return guarded(1, [&] {
+        return guarded(cmd, 1, [&] {
             gilscan::RecordResult r = gilscan::record_main(argc, argv);
             if (!r.analyse) return r.status;
             Options opt;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gilscan/cli/options.h"
 #include "gilscan/error.h"
 #include "gilscan/gil/probe_plan.h"
 
@@ -13,29 +14,17 @@ int probe_main(int argc, char** argv) {
     bool print = false, remove = false;
     std::string group;
     std::vector<std::string> targets;
-    for (int i = 2; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--print") print = true;
-        else if (a == "--remove") remove = true;
-        else if (a == "--group" && i + 1 < argc) group = argv[++i];
-        else if (a == "-h" || a == "--help") {
-            std::puts("usage: gilscan probe [--print] [--remove] [--group NAME] [PYTHON_OR_LIBPYTHON...]\n\n"
-                      "Finds take_gil/drop_gil (by symbol, or by disassembling the exported GIL callers of a\n"
-                      "stripped Python) and installs entry and return uprobes via tracefs uprobe_events.\n"
-                      "Default target: the python3 on PATH (shims resolved to the real interpreter and the\n"
-                      "libpython it loads).\n\n"
-                      "  --print    only print the addresses and the uprobe_events / perf probe lines\n"
-                      "  --remove   delete the probes (of --group, else of gilscan's own gilscan_* groups;\n"
-                      "             probes in use by a running perf stay, as the kernel keeps them)\n"
-                      "  --group    probe group name (default: gilscan_<binary name>)");
-            return 0;
-        } else if (!a.empty() && a[0] == '-') {
-            std::fprintf(stderr, "gilscan: error: unknown option %s\n", a.c_str());
-            return 2;
-        } else {
-            targets.push_back(a);
-        }
-    }
+    OptionTable table("gilscan probe", "[options] [PYTHON_OR_LIBPYTHON...]",
+                  "Finds take_gil/drop_gil (by symbol, or by disassembling a stripped Python) and places\n"
+                  "entry and return uprobes through tracefs, for a perf record of your own. Default\n"
+                  "target: the python3 on PATH (a pyenv shim resolved to the interpreter and its libpython).");
+    table.flag("--print", "only print the addresses and the uprobe_events / perf probe lines", [&] { print = true; });
+    table.flag("--remove", "delete the probes (of --group, else gilscan's own gilscan_* groups)", [&] { remove = true; });
+    table.value("--group", "NAME", "probe group name (default: gilscan_<binary name>)",
+            [&](const std::string& v) { group = non_empty("--group", v, "a name"); });
+    table.operands("PYTHON", [&](const std::string& v) { targets.push_back(v); });
+    table.epilogue("Probes a running perf uses stay until it ends, as the kernel keeps them. Details: docs/usage.md.");
+    if (!table.parse(argc, argv, 2)) return 0;
     if (remove && targets.empty()) {
         size_t n = remove_probes(group, tracefs_dir(false));
         std::printf("removed %zu uprobe(s)\n", n);
@@ -43,8 +32,7 @@ int probe_main(int argc, char** argv) {
     }
     if (targets.empty()) targets.push_back("python3");
     if (!group.empty() && targets.size() > 1) {
-        std::fprintf(stderr, "gilscan: error: --group names one target's probes; give one target\n");
-        return 2;
+        throw UsageError("--group names one target's probes; give one target");
     }
     for (const auto& t : targets) {
         std::string bin = resolve_python_binary(t);

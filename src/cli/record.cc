@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string_view>
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include "gilscan/cli/options.h"
 #include "gilscan/error.h"
 #include "gilscan/gil/probe_plan.h"
 
@@ -162,23 +164,6 @@ bool open_stderr_relay(int fds[2]) {
     return false;
 }
 
-constexpr const char* kUsage =
-    "usage: gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions]\n"
-    "                      [--trace trace.json] [--summary-json FILE] [--no-analyse] [-q] -- PROGRAM [ARGS...]\n\n"
-    "Records PROGRAM (e.g. python3 script.py, python3 -m module) with perf and analyses it.\n"
-    "  --state         scheduler tracepoints: sleeps, runnable time (default with --gil)\n"
-    "  --gil           take_gil/drop_gil uprobes on the Python that runs (placed as needed)\n"
-    "  --stacks        DWARF user stacks on sched_switch (needed to classify sleeps from stacks)\n"
-    "  --gil-functions GIL waits by Python function: --state --stacks, the program's Python\n"
-    "                  3.12+ run with perf support (PYTHONPERFSUPPORT=1), analysed with\n"
-    "                  gilscan --gil-functions (not with --gil: take_gil's return probe\n"
-    "                  ends the stacks there)\n"
-    "  -o FILE         the perf.data to write (default perf.data)\n"
-    "  --trace FILE    the Chrome trace to write (default trace.json)\n"
-    "  --no-analyse    only record\n"
-    "  -q              no table, no notes, and none of perf's \"[ perf record: ... ]\" lines (its errors stay;\n"
-    "                  the program's stderr then passes through that filter, still a terminal if ours is)\n";
-
 }  // namespace
 
 std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
@@ -197,126 +182,132 @@ std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool
     return a;
 }
 
-RecordResult record_main(int argc, char** argv) {
+namespace {
+
+// What the command line asks for.
+struct RecordRequest {
     RecordResult r;
-    r.data_file = "perf.data";
-    r.trace = "trace.json";
     bool gil = false, state = false, stacks = false, analyse = true;
+    bool gil_by_default = false;  // neither --gil nor --state given
     std::vector<std::string> command;
-    for (int i = 2; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) fail(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "--") {
-            for (++i; i < argc; ++i) command.emplace_back(argv[i]);
-            break;
-        } else if (a == "-o") {
-            r.data_file = value();
-        } else if (a == "--trace") {
-            r.trace = value();
-        } else if (a == "--summary-json") {
-            r.summary_json = value();
-        } else if (a == "--gil") {
-            gil = true;
-        } else if (a == "--state") {
-            state = true;
-        } else if (a == "--stacks") {
-            stacks = true;
-        } else if (a == "--gil-functions") {
-            r.gil_functions = true;
-        } else if (a == "--no-analyse") {
-            analyse = false;
-        } else if (a == "-q") {
-            r.quiet = true;
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            std::exit(0);
-        } else if (!a.empty() && a[0] != '-') {
-            for (; i < argc; ++i) command.emplace_back(argv[i]);  // the program starts here
-            break;
-        } else {
-            fail("unknown option " + a + " (put the program after --)");
-        }
-    }
-    if (command.empty()) fail("no program to record: gilscan record -- python3 script.py");
-    if (r.gil_functions) {
+};
+
+constexpr const char* kAbout =
+    "Records PROGRAM (python3 script.py, python3 -m module) with perf record -k CLOCK_MONOTONIC,\n"
+    "placing the GIL uprobes it needs, then analyses the recording as gilscan FILE does.\n"
+    "Default: --gil --state. The program's exit status is gilscan's.";
+
+// Returns nullopt for --help (printed).
+std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
+    RecordRequest q;
+    q.r.data_file = "perf.data";
+    q.r.trace = "trace.json";
+    OptionTable t("gilscan record", "[options] [--] PROGRAM [ARGS...]", kAbout);
+    t.section("What to record");
+    t.flag("--gil", "take_gil/drop_gil uprobes on the Python that runs", [&] { q.gil = true; });
+    t.flag("--state", "scheduler tracepoints: sleeps, runnable time", [&] { q.state = true; });
+    t.flag("--stacks", "DWARF user stacks on sched_switch (sleeps classified from stacks)", [&] { q.stacks = true; });
+    t.flag("--gil-functions", "GIL waits by Python function: --state --stacks, perf support on",
+           [&] { q.r.gil_functions = true; });
+    t.section("Outputs");
+    t.value("-o", "FILE", "the perf.data to write (default perf.data)", [&](const std::string& v) { q.r.data_file = v; });
+    t.value("--trace", "FILE", "the Chrome trace to write (default trace.json)", [&](const std::string& v) { q.r.trace = v; });
+    t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { q.r.summary_json = v; });
+    t.flag("--no-analyse", "only record", [&] { q.analyse = false; });
+    t.flag("-q", "no table, no notes, none of perf's \"[ perf record: ... ]\" lines", [&] { q.r.quiet = true; });
+    t.operands("PROGRAM", [&](const std::string& v) { q.command.push_back(v); }, /*rest=*/true);
+    t.epilogue("Every option in detail: docs/usage.md.");
+    if (!t.parse(argc, argv, 2)) return std::nullopt;
+    if (q.command.empty()) throw UsageError("no program to record: gilscan record -- python3 script.py");
+    return q;
+}
+
+// --gil-functions and the defaults decide the events.
+void choose_events(RecordRequest& q) {
+    if (q.r.gil_functions) {
         // The function that waits is the first -X perf trampoline past
         // take_gil on the GIL wait's stack; a uretprobe on take_gil replaces
         // its return address with the kernel's trampoline while it runs, so
         // no stack would get past it.
-        if (gil)
-            fail("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe (--gil) "
-                 "cuts short: leave out --gil");
-        state = stacks = true;
+        if (q.gil)
+            throw UsageError("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe "
+                             "(--gil) cuts short: leave out --gil");
+        q.state = q.stacks = true;
     }
-    const bool gil_by_default = !gil && !state;
-    if (gil_by_default) gil = state = true;
+    q.gil_by_default = !q.gil && !q.state;
+    if (q.gil_by_default) q.gil = q.state = true;
+}
 
-    // The problems users hit, one sentence each with the fix.
+// The problems users hit, one sentence each with the fix. Returns tracefs.
+std::string check_can_record() {
     if (!on_path("perf")) fail("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)");
     if (::geteuid() != 0 && paranoid_level() > -1)
         fail("recording scheduler tracepoints and uprobes needs root or kernel.perf_event_paranoid=-1 (now " +
              std::to_string(paranoid_level()) + "): run as root, or sysctl kernel.perf_event_paranoid=-1");
-    std::string tracefs;
     try {
-        tracefs = tracefs_dir(true);
+        return tracefs_dir(true);
     } catch (const Error& e) {
         fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
     }
-    std::string group;
-    if (gil) {
-        std::string python;
-        try {
-            python = resolve_python_binary(command[0]);
-        } catch (const Error& e) {
-            fail("no Python found to place GIL probes on (" + std::string(e.what()) +
-                 "); run a Python: gilscan record -- python3 script.py, or record without --gil");
-        }
-        ProbePlan plan = plan_probes(python);
-        // Python 2 takes and drops its GIL every 100 bytecodes: with four
-        // probe hits per switch (py2_gil.h) a spinning thread ran a third of
-        // its time in the probes here, which the figures then show as time
-        // without the GIL. Its stacks tell its GIL waits at no such cost: by
-        // default they are recorded instead; --gil probes it anyway.
-        if (gil_by_default && plan.python2) {
-            gil = false;
-            stacks = true;
-            if (!r.quiet)
-                std::fprintf(stderr, "gilscan: note: %s is Python 2, which switches the GIL every 100 bytecodes, "
-                             "too often for uprobes: recording stacks instead (--state --stacks), from which its "
-                             "GIL waits are told (--gil probes it anyway)\n",
-                             python.c_str());
-        } else {
-            install_probes(plan, tracefs);
-            group = plan.group;
-        }
-        if (gil && !r.quiet) {
-            std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), group.c_str());
-            for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
-            // A uretprobe swaps the probed function's return address for the
-            // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
-            // stack then ends at take_gil, and whatever called it (with
-            // python3 -X perf, the Python function that waits) is lost.
-            // (Python 2's probes where its lock calls return are plain ones.)
-            if (stacks && !plan.python2)
-                std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
-                           "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
-                           "for Python functions)\n",
-                           stderr);
-        }
+}
+
+// Places the GIL uprobes for the Python the program runs; returns their
+// group ("" when none were placed: Python 2 by default records stacks).
+std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
+    std::string python;
+    try {
+        python = resolve_python_binary(q.command[0]);
+    } catch (const Error& e) {
+        fail("no Python found to place GIL probes on (" + std::string(e.what()) +
+             "); run a Python: gilscan record -- python3 script.py, or record without --gil");
     }
+    ProbePlan plan = plan_probes(python);
+    // Python 2 takes and drops its GIL every 100 bytecodes: with four probe
+    // hits per switch (py2_gil.h) a spinning thread spends a large share of
+    // its time in the probes, which the figures then show as time without
+    // the GIL. Its stacks tell its GIL waits at no such cost: by default
+    // they are recorded instead; --gil probes it anyway.
+    if (q.gil_by_default && plan.python2) {
+        q.gil = false;
+        q.stacks = true;
+        if (!q.r.quiet)
+            std::fprintf(stderr, "gilscan: note: %s is Python 2, which switches the GIL every 100 bytecodes, "
+                         "too often for uprobes: recording stacks instead (--state --stacks), from which its "
+                         "GIL waits are told (--gil probes it anyway)\n",
+                         python.c_str());
+        return "";
+    }
+    install_probes(plan, tracefs);
+    if (!q.r.quiet) {
+        std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), plan.group.c_str());
+        for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
+        // A uretprobe swaps the probed function's return address for the
+        // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
+        // stack then ends at take_gil, and whatever called it (with
+        // python3 -X perf, the Python function that waits) is lost.
+        // (Python 2's probes where its lock calls return are plain ones.)
+        if (q.stacks && !plan.python2)
+            std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
+                       "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
+                       "for Python functions)\n",
+                       stderr);
+    }
+    return plan.group;
+}
+
+// Runs perf record on the program, forwarding Ctrl-C and SIGTERM; returns
+// its wait status.
+int run_perf(const RecordRequest& q, const std::string& group) {
     // -q: perf's own "[ perf record: ... ]" lines are left out, its errors
     // are not (perf's -q would hide those too): perf's stderr becomes a pipe
     // or a pseudo-terminal read here (open_stderr_relay). The program, which
     // perf starts with perf's descriptors, writes there too. (Not wrapped to
     // get the real stderr back: the wrapper's exec would be in the
-    // recording, and with it in the test suite's environment perf script
-    // unwound the program's stacks no further than one frame.)
+    // recording, and perf script then unwinds the program's stacks no
+    // further than one frame.)
     int err_relay[2] = {-1, -1};
-    const bool relay_pty = r.quiet && open_stderr_relay(err_relay);
-    std::vector<std::string> args = perf_record_args(r.data_file, gil, state, stacks, group, command);
+    const bool relay_pty = q.r.quiet && open_stderr_relay(err_relay);
+    std::vector<std::string> args = perf_record_args(q.r.data_file, q.gil, q.state, q.stacks, group, q.command);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
@@ -326,12 +317,12 @@ RecordResult record_main(int argc, char** argv) {
     // writes /tmp/perf-PID.map (as under -X perf), which names its
     // trampolines; earlier Pythons ignore it, and the analysis says no stack
     // reached a named frame. A value the user set is kept (0 turns it off).
-    if (r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
+    if (q.r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
         // Only async-signal-safe calls here: dup2 clears FD_CLOEXEC on the copy.
-        if (r.quiet && ::dup2(err_relay[1], STDERR_FILENO) < 0) ::_exit(127);
+        if (q.r.quiet && ::dup2(err_relay[1], STDERR_FILENO) < 0) ::_exit(127);
         ::execvp("perf", cargs.data());
         std::fprintf(stderr, "gilscan: error: cannot run perf: %s\n", std::strerror(errno));
         ::_exit(127);
@@ -348,7 +339,7 @@ RecordResult record_main(int argc, char** argv) {
         g_resized = 1;  // a resize between the relay's opening and here
     }
     int status = 0;
-    if (r.quiet) {
+    if (q.r.quiet) {
         ::close(err_relay[1]);
         filter_perf_lines(err_relay[0], pid, status, relay_pty);
         ::close(err_relay[0]);
@@ -359,10 +350,24 @@ RecordResult record_main(int argc, char** argv) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     if (relay_pty) signal(SIGWINCH, SIG_DFL);
+    return status;
+}
+
+}  // namespace
+
+RecordResult record_main(int argc, char** argv) {
+    std::optional<RecordRequest> parsed = parse_record_args(argc, argv);
+    if (!parsed) return {};  // --help
+    RecordRequest& q = *parsed;
+    choose_events(q);
+    const std::string tracefs = check_can_record();
+    const std::string group = q.gil ? place_gil_probes(q, tracefs) : "";
+    const int status = run_perf(q, group);
+    RecordResult r = q.r;
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::error_code ec;
-    r.analyse = analyse && std::filesystem::file_size(r.data_file, ec) > 0 && !ec;
-    if (!r.analyse && analyse)
+    r.analyse = q.analyse && std::filesystem::file_size(r.data_file, ec) > 0 && !ec;
+    if (!r.analyse && q.analyse)
         fail("perf record wrote no recording (exit status " + std::to_string(r.status) + "); see perf's message above");
     return r;
 }

@@ -228,7 +228,7 @@ const std::string kNoName;  // a frame's text in a label that is being abandoned
 
 // A frame missing from the shared cache, named through this classifier's own
 // Dwfl with the lock released (`l` holds it on entry and on return): libdw
-// takes 0.05-1.5 ms to name one frame (a linear search of the symbol table,
+// is slow to name a frame (a linear search of the symbol table,
 // then a walk of the compilation unit's DIEs for the inlined call), and the
 // first stacks of a run bring hundreds of new frames. Under the lock, -j 2's
 // threads named them one at a time, and the reader waited for the stages.

@@ -375,8 +375,8 @@ std::string json_dump(const nlohmann::json& j, int indent) {
 
 void write_summary_json(OutputFile& out, const FileSummary& fs) {
     // What json_dump(summary_json(fs), 2) gives, with the rows made and written one
-    // at a time: as one document, the summary of a capture with 400,000
-    // threads took 1.2 GB.
+    // at a time: as one document, a capture with hundreds of thousands
+    // of threads would hold gigabytes.
     const std::string head = json_dump(summary_head(fs), 2);
     const std::string_view key = "\n  \"threads\": ";  // the top level's (indent 2)
     const size_t at = head.find(key);

@@ -10,8 +10,7 @@
 
 // The helpers marked always_inline run several times per event: inlined
 // into each event's formatter they save a call, and its register saves and
-// restores, each (some 100 instructions an event, a fifth of the formatting,
-// in the scheduler capture's callgrind profile). The compiler left them out
+// restores, each. The compiler left them out
 // of line on its own.
 namespace gilscan {
 

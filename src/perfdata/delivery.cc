@@ -1,4 +1,4 @@
-// Session::run and Session::deliver — stage 2's loop: records in time order
+// Session::run and Session::deliver — the perfdata stage's loop: records in time order
 // to the stages, with the reader on its own thread for large recordings.
 // (The session's set-up — header, attrs, features, names — is session.cc.)
 #include <algorithm>
@@ -24,8 +24,7 @@ namespace {
 // reader writes one per record into batch memory the stages' core read
 // last, and those stores were most of the hand-over's time. At 32 bytes
 // (with the record's file offset, its chunk's compressed flag and the
-// reader stage's note) the 64-CPU summary took 1-9% longer and the
-// scheduler capture with its trace 11% (bench/NOTES.md).
+// reader stage's note) the bench's captures read measurably slower.
 // The offset is looked up when a stage needs it (ChunkTable::origin); a
 // note goes beside the record, only when there is a reader stage.
 struct Handed {
@@ -55,8 +54,8 @@ struct HandedBatch {
 // places: the fields, registers and the innermost frames' stack words (the
 // unwinder's reads, mostly within the first 1.5 kB), and dyn_size at the
 // end (8 kB on). Asked for here, those misses overlap the work on the
-// records before it: -j 1 on the bench's DWARF capture took 0.865 of the
-// time, -j 2 0.92 (bench/NOTES.md). Its header was asked for 4 records ago.
+// records before it (bench/run's DWARF
+// rows). Its header was asked for 4 records ago.
 inline void prefetch_stack_sample(const Handed& h, bool swap) {
     const size_t size = h.size ? h.size : load<uint16_t>(h.rec + 6, swap);  // perf_event_header.size
     if (size <= 1024) return;  // not a stack sample: its first two lines are asked for already
@@ -83,8 +82,8 @@ constexpr uint64_t kThreadedFrom = 4u << 20;  // data sections from 4 MiB get th
 // The reader stage's optional work is done while the queue is all but full
 // (within two batches of kInFlightBytes): the reader would soon wait for the
 // stages anyway, so what it does for them comes off the longer of the two
-// threads' work. A lower mark starves the stages: from 2 of 16 batches on, the
-// reader took so much over that the stages waited for it 40% of the time.
+// threads' work. A lower mark starves the stages: the reader takes so much over
+// that the stages wait for it.
 constexpr size_t kSpareFrom = kInFlightBytes - 2 * kBatchBytes;
 // Ready records handed on per read record while the stages' queue has room.
 constexpr size_t kPump = 512;
@@ -253,8 +252,7 @@ void Session::run(EventSink& sink) {
             // keep their vectors for the batches to come. Reusing one per
             // send (and freeing the rest) allocated the next batch's 96 KiB
             // every other send, in a thread arena that gives freed memory
-            // back (MADV_DONTNEED) and faults it in anew: 742 allocations of
-            // 16 KiB and more on the DWARF capture at -j 2, now 91 (bench/NOTES.md).
+            // back (MADV_DONTNEED) and faults it in anew.
             reclaim();
             if (!rd.spares.empty()) {  // batch was moved into the handoff
                 batch = std::move(rd.spares.back());
@@ -283,8 +281,7 @@ void Session::run(EventSink& sink) {
         // run_stage counts them exactly). A batch is filled from a run in one
         // loop (as much of it as the batch takes), then sent if full. With a
         // reader stage the queue handed on one record at a time, its header
-        // read here and again in run_stage (1.3% of -j 2's instructions on
-        // the DWARF capture, bench/NOTES.md).
+        // read here and again in run_stage.
         auto hand_run = [&](OrderedQueue::Run run) {
             const size_t mean = q.mean_record_size();
             const OrderedQueue::Entry* e = run.first;
@@ -411,9 +408,7 @@ void Session::run(EventSink& sink) {
         // The stages still have up to kInFlightBytes of records to go
         // through, and hand over trace events all the while: the reader
         // does that idle work (formats them) until they are done, rather
-        // than leave all of it to the stages' thread (TraceRelay::close
-        // formatted 17 blocks, 2.2 ms of a 67 ms -j 2 run of the bench's
-        // DWARF capture; 8-15 now, 0.8-1.4 ms). When there is none, it
+        // than leave all of it to the stages' thread. When there is none, it
         // looks again every 100 us, and stops once the stages are done (or
         // gave up).
         if (idle_work) {
@@ -494,7 +489,7 @@ void Session::run(EventSink& sink) {
 // coarse clock, or a generated capture, gives one waker's two wake-ups the
 // same time. The bytes are compared only when the times are equal; the
 // previous sample is remembered by where it is, not copied (copying its
-// payload per sample was 5% of the stages' time).
+// payload for every sample would cost more than the rare compare).
 bool Session::repeats_last_sample(const Sample& s, const RawRecord& r) {
     LastSample& l = last_sample_;
     const uint8_t* rec = r.body.data() - PERF_EVENT_HEADER_SIZE;

@@ -184,8 +184,7 @@ void ElfFile::parse() {
         }
     }
     // Sized once for both tables (libpython's hold 17,000 symbols: grown by
-    // doubling, the copies touched 1.3 MB of fresh pages more, some 300
-    // page faults of several microseconds each on this project's VM).
+    // doubling, the copies touched 1.3 MB of fresh pages more, each page a fault).
     uint64_t nsyms = 0;
     for (const auto& s : sections_)
         if ((s.type == SHT_SYMTAB || s.type == SHT_DYNSYM) && s.offset <= b.size() && s.size <= b.size() - s.offset)

@@ -14,10 +14,9 @@ namespace gilscan {
 namespace {
 
 // libcapstone is loaded when first needed (a stripped Python's GIL is being
-// located), not linked: its 1.3 MB of relocated tables cost every gilscan
-// process some 375 page faults at start-up, 5 ms on this project's VM (an
-// empty program linked with it: 7.0 ms against 1.8 ms), for a library most
-// runs never call. The soname is the major version of the headers built
+// located), not linked: its 1.3 MB of relocated tables would cost every gilscan
+// process hundreds of page faults at start-up, for a library most runs never
+// call. The soname is the major version of the headers built
 // against, so the structures (cs_insn, cs_detail) match.
 #define GILSCAN_STR2(x) #x
 #define GILSCAN_STR(x) GILSCAN_STR2(x)

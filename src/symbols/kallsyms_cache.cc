@@ -169,9 +169,8 @@ bool write_kallsyms_cache(const std::string& dir, const KallsymsKey& key, const 
     AsideFile file(dir, "kallsyms-" + key.build_id);  // kallsyms_cache_path's name, mode 0600
     if (!file.ok()) return false;
     // Streamed through one small buffer: the header, the records with their
-    // names' offsets in the compacted arena, then the arena. (Built whole in
-    // memory first, the entry and its pieces took some 3,000 page faults
-    // of about 10 us each here.)
+    // names' offsets in the compacted arena, then the arena. Built whole in
+    // memory, the entry and its pieces would touch thousands of fresh pages.
     std::string out;
     out.reserve(256u << 10);
     bool ok = true;

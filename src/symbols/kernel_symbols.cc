@@ -180,8 +180,8 @@ KernelSymbols::KernelSymbols(const RecordedKernel& rec, const std::string& cache
 }
 
 void KernelSymbols::read_kallsyms() {
-    // One buffer sized for it up front (about 5.4 MB here), on huge pages
-    // and not zeroed: its first touches were page faults of some 10 us each.
+    // One buffer sized for it up front (a few MB), on huge pages
+    // and not zeroed: faulting it in page by page costs more than reading it.
     read_proc_into("/proc/kallsyms", text_, 8u << 20, 256u << 10);
 }
 

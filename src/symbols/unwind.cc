@@ -353,11 +353,11 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
             // No module here: JIT code (Python's -X perf trampolines), or a
             // return address that is no code of the process's files (the
             // kernel's uretprobe trampoline in [uprobes], where a take_gil
-            // return uprobe was active: 82% of the sleep stacks recorded
-            // beside this project's ground-truth uprobes end in one). libdw
+            // return uprobe was active: most sleep stacks recorded beside
+            // the ground-truth uprobes of testdata/ end in one). libdw
             // has no CFI and takes elfutils' x86_64_unwind step by the frame
-            // pointer (0.188, backends/x86_64_unwind.c), which is this. It
-            // used to be libdw's whole restart, 2,600 instructions a stack.
+            // pointer (0.188, backends/x86_64_unwind.c), which is this. libdw's own path
+            // would restart its whole unwind for it.
             ++fast_frames_;
             ++fp_frames_;
             if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;

@@ -7,6 +7,7 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -478,14 +479,28 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode != 0 and "directory" in r.stderr, "a directory")
     r = run("--bogus")
     check(r.returncode == 2, "unknown option is a usage error")
-    # The main help's batch line names batch's own file options and points at its help.
-    r, rb = run("--help"), run("batch", "--help")
-    check(r.returncode == 0 and rb.returncode == 0, "--help and batch --help exit 0")
-    batch_usage = r.stdout.split("gilscan batch", 1)[-1].split("\n\n", 1)[0]
+    # One option table per command prints its help: the main help fits a
+    # screen and names every command; `gilscan help CMD` is `CMD --help`;
+    # every option a help lists is described in docs/usage.md.
+    r = run("--help")
+    check(r.returncode == 0 and len(r.stdout.splitlines()) <= 40, "--help exits 0 and fits in 40 lines")
+    for cmd in ("record", "batch", "probe", "help"):
+        check(f"gilscan {cmd} [" in r.stdout, f"--help names gilscan {cmd}")
+    usage_md = open(os.path.join(DATA, "..", "docs", "usage.md")).read()
+    for cmd in ("", "record", "batch", "probe"):
+        h = run("help", cmd) if cmd else run("help")
+        rh = run(cmd, "--help") if cmd else r
+        check(h.returncode == 0 and rh.returncode == 0 and h.stdout == rh.stdout, f"help {cmd} is {cmd} --help")
+        opts = re.findall(r"^  (?:(-\w), )?\s*(--[\w-]+)?", h.stdout, re.M)
+        names = [n for pair in opts for n in pair if n]
+        check(len(names) >= 3, f"help {cmd} lists its options ({names})")
+        missing = [n for n in names if f"`{n}" not in usage_md and f", {n}" not in usage_md]
+        check(not missing, f"docs/usage.md describes every option of help {cmd} (missing {missing})")
+    rb = run("batch", "--help")
     for opt in ("-j N", "--summary out.jsonl|out.csv", "--traces DIR", "--gil-functions out.jsonl|out.csv"):
-        check(opt in batch_usage, f"--help's batch usage names {opt!r}")
-        check(opt in rb.stdout, f"batch --help names {opt!r} too")
-    check("gilscan batch --help" in batch_usage, "--help's batch usage points at gilscan batch --help")
+        check(opt in rb.stdout, f"batch --help names {opt!r}")
+    r = run("record", "--bogus")
+    check(r.returncode == 2 and "(see gilscan help record)" in r.stderr, "record: an unknown option is a usage error")
 
     # libcapstone is loaded only to disassemble a stripped Python (its
     # relocations cost every process start some 375 page faults, 5 ms on

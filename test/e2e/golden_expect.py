@@ -2,7 +2,7 @@
 """Golden expectations for gilscan, computed independently from `perf script`.
 
 perf's own decoder turns the recording into text; this script applies the
-documented timeline rules (README, "Thread states") to that text and writes
+documented timeline rules (docs/figures.md, "Thread states") to that text and writes
 the decoded facts gilscan must reproduce: event counts per name, and per
 monitored thread its sleep count/total and D count/total, in nanoseconds.
 

@@ -8,7 +8,7 @@ uprobes made beside TEST.data (both -k CLOCK_MONOTONIC). A sleep of TEST.data
 (a sched_switch with prev_state S, of a python* thread) is a GIL wait iff its
 switch-out time lies inside a take_gil entry..return interval of the same
 thread. gilscan never reads TRUTH.data or this output: the tests compare.
-Also counts, for the README, the sleeps whose `perf script --no-inline`
+Also counts, for docs/figures.md, the sleeps whose `perf script --no-inline`
 callchain shows a take_gil frame.
 
 usage: stack_truth.py --jit TEST.data > TEST.jit.json

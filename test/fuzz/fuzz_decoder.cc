@@ -2,7 +2,7 @@
 // tracing formats, records (file mode, pipe mode, zstd), ordering and the
 // thread state machines. Any input must end in results or a gilscan::Error.
 //
-//   clang++ -fsanitize=fuzzer,address,undefined ...   (meson -Dfuzz=true, see README)
+//   clang++ -fsanitize=fuzzer,address,undefined ...   (meson -Dfuzz=true, see docs/testing.md)
 //   build-fuzz/test/fuzz_decoder -max_total_time=600 corpus/
 //
 // The same function is replayed over test/fuzz/decoder_corpus and testdata by

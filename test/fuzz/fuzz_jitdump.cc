@@ -5,7 +5,7 @@
 // parsers of the other files PerfMaps reads: perf maps (perf_map.h) and a
 // running process's /proc/PID/status and maps (live_process.h).
 //
-//   clang++ -fsanitize=fuzzer,address,undefined ...   (meson -Dfuzz=true, see README)
+//   clang++ -fsanitize=fuzzer,address,undefined ...   (meson -Dfuzz=true, see docs/testing.md)
 //   build-fuzz/test/fuzz_jitdump -max_len=4096 test/fuzz/jitdump_corpus testdata/perf-maps
 //
 // Replayed over test/fuzz/jitdump_corpus and testdata/perf-maps by

@@ -22,13 +22,11 @@
 // writer thread (-j 1: OutputFile(path, false)) the same happens on the
 // caller's thread whenever a buffer is full. From 64 MiB on, a direct-I/O
 // file is then written with Linux AIO (io_submit), so the disk works while
-// the caller formats the next buffer (-j 1 waited 0.1-0.15 s of a 0.66 s
-// scheduler-capture run for its 241 MB trace). ext4 completes an O_DIRECT
+// the caller formats the next buffer. ext4 completes an O_DIRECT
 // write that extends the file inside io_submit, so the file is extended
 // (ftruncate) in 64 MiB steps ahead of the writes and cut to size by
 // commit(). Smaller files are written plainly: tearing an AIO context down
-// waits for an RCU grace period, 30 ms on this project's VM, and from 32 MiB
-// a 63 MB trace took 40 ms longer than written plainly.
+// waits for an RCU grace period, which a small file does not win back.
 #pragma once
 
 #include <atomic>

@@ -18,7 +18,7 @@
 // it would otherwise wait for room. When the queue is full (the reader had
 // no time), the stages format the oldest block themselves. No thread of its
 // own: on two cores a third busy thread took CPU from the two that bound
-// the run (0.41 s against 0.42 s without it; 0.38 s with it niced).
+// the run.
 //
 // Blocks are formatted one at a time (a mutex) and in the order they were
 // handed over. An error while formatting (a write that fails) drops what is
@@ -74,9 +74,7 @@ public:
     // Where blocks come from: 2 MiB slabs on transparent huge pages, cut into
     // kBlock pieces that are reused, never returned before the relay goes.
     // Blocks of their own (malloc'd at 128 KiB, each its own mmap) took a
-    // fault per 4 KiB page the first time they were filled: about 340 of the
-    // stages' page faults on the bench's DWARF capture at -j 2, at some 10 us
-    // each on this project's VM. A block resized past kBlock (one event
+    // fault per 4 KiB page the first time they were filled. A block resized past kBlock (one event
     // larger than a block) is an ordinary allocation.
     class Slabs {
     public:

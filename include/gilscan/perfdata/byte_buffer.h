@@ -73,8 +73,8 @@ using ChunkBytes = std::vector<uint8_t, HugeUninitAllocator<uint8_t>>;
 
 // Makes the pages of [p, p + bytes) present and writable with one call
 // (MADV_POPULATE_WRITE, Linux 5.14) instead of a page fault each the first
-// time they are written. Why: on this project's VM a fault costs some 10
-// us, and the call 27 us for 56 pages. Harmless for pages that are present
+// time they are written. Why: one call costs far less than a
+// fault per page. Harmless for pages that are present
 // already (heap memory reused), and where the call fails (an older kernel:
 // the faults come as before). Contents are kept.
 inline void prefault(const void* p, size_t bytes) {

@@ -198,10 +198,9 @@ private:
     using Entries = std::vector<Entry, HugeUninitAllocator<Entry>>;
     // The four arrays (pending_, merged_, new_, old_: they trade buffers by
     // swaps) hold a round each, 65k entries (1 MiB) for the bench's 16-CPU
-    // capture. Grown by doubling from small 4 KiB pages, they took some
-    // 1,100 page faults in all (about 11 ms of a 150 ms run on this project's
-    // VM, where one costs 10 us); from kHugeFrom entries on they grow in
-    // whole 2 MiB huge pages instead, one fault (and 2 MiB zeroed, 0.1 ms)
+    // capture. Grown by doubling from small 4 KiB pages, they took over a
+    // thousand page faults in all; from kHugeFrom entries on they grow in
+    // whole 2 MiB huge pages instead, one fault (and 2 MiB zeroed)
     // each. Smaller queues (small recordings, pipe mode's short rounds) stay
     // on ordinary pages.
     static constexpr size_t kHugeEntries = HugeUninitAllocator<Entry>::kHuge / sizeof(Entry);

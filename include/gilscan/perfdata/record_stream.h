@@ -13,9 +13,8 @@
 //
 // Why chunks and not spans into the mmap: the data section is read with
 // pread() into reusable 2 MiB chunks. Faulting a mapping in costs more than
-// copying the same bytes out of the page cache — about 3x here (`bench/walk`
-// vs `bench/walk --pread` on the 379 MB quick-bench capture: 0.33 s vs 0.10 s
-// on this project's VM, whose page faults are expensive) — and a chunk that
+// copying the same bytes out of the page cache (`bench/walk` against
+// `bench/walk --pread`) — and a chunk that
 // no queued record needs any more is reused, so residency stays bounded
 // whatever the file size. A record never straddles
 // two chunks: the unfinished tail of one chunk starts the next.

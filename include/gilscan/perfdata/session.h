@@ -1,4 +1,4 @@
-// Session — stages 1 and 2: file, header, features, tracing formats, then
+// Session — stage 1 (perfdata): file, header, features, tracing formats, then
 // every record in timestamp order, delivered to an EventSink.
 //
 //   Session s("perf.data");                 // throws gilscan::Error if not a recording
@@ -187,10 +187,7 @@ private:
     // Written by the stages' thread for every record, so on cache lines of
     // their own: sharing one with what the reader thread reads for every
     // record (progress_ sat right after stats_) made each write take the line
-    // from the other core and each read take it back. With the reader's own
-    // state on the stages' stack (delivery.cc's ReaderSide), -j 2 took 11.5 s
-    // of CPU on the 64-CPU capture against 7.3 s for -j 1; 8.6 s without
-    // either. 128: Intel's adjacent-line prefetcher fetches lines in pairs.
+    // from the other core and each read take it back. 128: Intel's adjacent-line prefetcher fetches lines in pairs.
     alignas(128) DecodeStats stats_;
     std::vector<Sample> sample_cache_;  // by event index: the stages' thread only
     // The previous timed sample delivered, to recognise it written twice: its

@@ -1,4 +1,4 @@
-// Stage 3: tracepoint samples -> typed scheduler (and GIL uprobe) events,
+// Stage 2 (sched): tracepoint samples -> typed scheduler (and GIL uprobe) events,
 // with every field read through the formats embedded in the recording.
 //
 //   TracepointDecoder dec;

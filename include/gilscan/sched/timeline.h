@@ -289,9 +289,8 @@ private:
     void hidden_switch_in(Thread& th, uint64_t t);
     void sched_sample(const Sample& s, const EventInfo& ev, TpKind k);
     // A sample of a running task's own (a GIL probe's): as sched_sample
-    // begins for the scheduler's events other than sched_switch. (One
-    // helper for both was tried: GCC then inlined it into neither, +6% of
-    // the stages' instructions.)
+    // begins for the scheduler's events other than sched_switch. (Apart from it: with one
+    // helper for both, GCC inlines it into neither.)
     void running_sample(const Sample& s) {
         const uint64_t t = s.time;
         last_time_ = std::max(last_time_, t);

@@ -9,7 +9,7 @@
 // Why: the first time a module's DWARF is used (inline names of a frame),
 // libdw's dwarf_begin_elf inflates every compressed .debug_* section of its
 // debug file. Debian ships them zlib-compressed: glibc's is 3.8 MB inflating
-// to 10 MB, some 55 ms of zlib on the thread that first names a frame, while
+// to 10 MB, on the thread that first names a frame, while
 // at -j 2 the other thread waits for the names too. From the cache, libdw
 // maps the inflated file and has nothing to inflate.
 //

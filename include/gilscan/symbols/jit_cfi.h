@@ -6,8 +6,8 @@
 //   const CfiRule* r = jit_cfi_at(rows, pc - code.start); // nullptr: no rule there
 //
 // Why: CPython 3.13+'s -X perf_jit trampolines (sub $8,%rsp; call *%rcx;
-// add $8,%rsp; ret) keep no frame pointer, so a DWARF unwind used to end at
-// the first of them, as it does under -X perf. Their jitdump records their
+// add $8,%rsp; ret) keep no frame pointer, so a DWARF unwind without it ends
+// at the first of them, as it does under -X perf. Their jitdump records their
 // CFI (the CFA is rsp+16 after the sub), which `perf inject --jit` puts in
 // each jitted-PID-N.so for perf to unwind through: read here, a sleep's
 // stack goes on through every Python function's trampoline, as perf

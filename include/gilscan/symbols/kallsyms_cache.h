@@ -9,8 +9,7 @@
 //       write_kallsyms_cache(dir, key, t);            // for the next run
 //   }
 //
-// Why: reading /proc/kallsyms costs some 50 ms of CPU on this project's VM
-// (the kernel formats 120k lines, 5 MB, each first touch of the buffer a
+// Why: reading /proc/kallsyms is costly (the kernel formats 120k lines, 5 MB, each first touch of the buffer a
 // page fault), more than the whole analysis of a small recording; -j 1
 // waits for it, -j 2 runs it beside its two threads on two cores. The
 // table it yields is fixed for a boot as long as the same modules sit at

@@ -123,8 +123,8 @@ private:
     void parse_kallsyms();
     void parse_modules(std::string_view text);
     KallsymsTable table_;  // a view of syms_ and text_, or of the cache entry
-    // Both a few MB, filled once: on huge pages, unfilled (4 KiB pages cost
-    // some 10 us each to fault in here: 1,800 of them for the two).
+    // Both a few MB, filled once: on huge pages, unfilled (fewer page faults than
+    // 4 KiB pages, each zeroed first).
     std::vector<KallsymsSym, HugeUninitAllocator<KallsymsSym>> syms_;
     std::vector<char, HugeUninitAllocator<char>> text_;  // /proc/kallsyms as read
     std::unique_ptr<KallsymsEntry> entry_;

@@ -9,11 +9,9 @@
 //
 // Why: naming a frame in a module through libdw first reads the module's
 // address ranges (dwarf_getaranges interns every compilation unit's header:
-// glibc's debug file has 2,063, 9-10 ms and 650 page faults on this
-// project's VM), sorts its symbols and indexes its DIEs; at -j 2 each of the
+// glibc's debug file has 2,063), sorts its symbols and indexes its DIEs; at -j 2 each of the
 // two threads does so in its own Dwfl. That start-up, not the few dozen
-// frames a run names, was most of --sleep-stacks' cost on the bench's DWARF
-// capture (bench/NOTES.md, thirty-sixth session).
+// frames a run names, is most of what naming costs a --sleep-stacks run.
 //
 // What is kept: per link-time address (pc minus the module's load bias),
 // the module's two answers that FrameNamer composes a frame's text from —

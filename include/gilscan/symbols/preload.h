@@ -6,9 +6,9 @@
 //   session.set_stages_idle([&] { return pre.work(); });                  // stages' thread
 //
 // Why: the reader hands the stages their first records only when the first
-// round is read and ordered (some 10 ms on the bench's DWARF capture), and
+// round is read and ordered, and
 // the stages then load libpython, libc and the rest on the first stack they
-// unwind (another 10-12 ms: symbols, the GIL functions' extents). The reader
+// unwind (symbols, the GIL functions' extents). The reader
 // sees the MMAP records as it reads them, before any ordering: the modules
 // they name are loaded in that gap instead. The results are the same either
 // way — ModuleCache::preload only moves the loading earlier (get() adopts the
