@@ -15,7 +15,8 @@
 // default testdata/gil_combined.data, or testdata/stacks_py311.data with
 // --stacks, whose sched_switch carries DWARF stacks). With --stacks each
 // generated process gets the template Python's mappings, so the copied
-// stacks unwind exactly as they did in the template.
+// stacks unwind exactly as they did in the template. Records are encoded by
+// test/support/perf_encode.h, the tests' writer's encoder.
 #include <cstdint>
 #include <deque>
 #include <cstdio>
@@ -33,8 +34,10 @@
 #include "gilscan/perfdata/sample.h"
 #include "gilscan/sched/sched_events.h"
 #include "gilscan/perfdata/session.h"
+#include "perf_encode.h"
 
 using namespace gilscan;
+using gilscan::test::Out;
 
 namespace {
 
@@ -51,23 +54,6 @@ struct Args {
 // --processes, or one process per 16 threads.
 unsigned processes_of(const Args& a) { return a.processes ? a.processes : std::max(1u, a.threads / 16); }
 
-struct Buf {
-    std::vector<uint8_t> b;
-    template <class T>
-    void put(T v) {
-        uint8_t t[sizeof(T)];
-        std::memcpy(t, &v, sizeof(T));
-        b.insert(b.end(), t, t + sizeof(T));
-    }
-    void bytes(const void* p, size_t n) {
-        if (n == 0) return;
-        auto* c = static_cast<const uint8_t*>(p);
-        b.insert(b.end(), c, c + n);
-    }
-    void pad8() {
-        while (b.size() % 8) b.push_back(0);
-    }
-};
 
 struct Ev {  // one template event and how to fill its payload
     int index = -1;
@@ -79,9 +65,11 @@ struct Ev {  // one template event and how to fill its payload
 // A copied stack sample (template sched_switch into S of a Python thread).
 struct StackCopy {
     uint64_t ip = 0;
-    std::vector<uint8_t> callchain;  // nr + ips
-    std::vector<uint8_t> regs;       // abi + regs
-    std::vector<uint8_t> stack;      // size + data + dyn_size
+    std::vector<uint64_t> callchain;  // the ips
+    uint64_t regs_abi = 0;
+    std::vector<uint64_t> regs;
+    std::vector<uint8_t> stack;       // the dyn_size valid bytes
+    uint64_t stack_size = 0;          // the size field
     uint64_t addr = 0, data_src = 0;
 };
 
@@ -130,20 +118,11 @@ public:
         c.ip = smp.ip;
         c.addr = smp.addr;
         c.data_src = smp.data_src;
-        Buf cc;
-        cc.put<uint64_t>(smp.callchain.size());
-        cc.bytes(smp.callchain.bytes.data(), smp.callchain.bytes.size());
-        c.callchain = cc.b;
-        Buf rg;
-        rg.put<uint64_t>(smp.regs_user_abi);
-        rg.bytes(smp.regs_user.bytes.data(), smp.regs_user.bytes.size());
-        c.regs = rg.b;
-        Buf st;
-        st.put<uint64_t>(smp.stack_user_size);
-        st.bytes(smp.stack_user.data(), smp.stack_user.size());
-        for (uint64_t k = smp.stack_user.size(); k < smp.stack_user_size; ++k) st.b.push_back(0);
-        st.put<uint64_t>(smp.stack_user.size());
-        c.stack = st.b;
+        for (size_t k = 0; k < smp.callchain.size(); ++k) c.callchain.push_back(smp.callchain[k]);
+        c.regs_abi = smp.regs_user_abi;
+        for (size_t k = 0; k < smp.regs_user.size(); ++k) c.regs.push_back(smp.regs_user[k]);
+        c.stack.assign(smp.stack_user.begin(), smp.stack_user.end());
+        c.stack_size = smp.stack_user_size;
         if (stacks.size() < 4096) stacks.push_back(std::move(c));
     }
 
@@ -179,31 +158,15 @@ class Gen {
 public:
     Gen(const Args& a, Template& t) : a_(a), t_(t), rng_(a.seed) {}
 
-    // Whole-record helpers (header + body), for the data stream.
-    void record(uint32_t type, uint16_t misc, const Buf& body) {
-        Buf r;
-        r.put<uint32_t>(type);
-        r.put<uint16_t>(misc);
-        r.put<uint16_t>(static_cast<uint16_t>(8 + body.b.size()));
-        r.bytes(body.b.data(), body.b.size());
-        round_.insert(round_.end(), r.b.begin(), r.b.end());
+    // Whole records (header + body) into the round, encoded by perf_encode.h.
+    void record(uint32_t type, uint16_t misc, const Out& body) {
+        const std::vector<uint8_t> r = test::record_bytes(false, type, misc, body.b);
+        round_.insert(round_.end(), r.begin(), r.end());
     }
 
-    void trailer(Buf& o, int32_t pid, int32_t tid, uint64_t time, uint32_t cpu) {
-        const Ev& e = t_.sw;
-        const uint64_t st = e.attr.sample_type;
-        if (st & PERF_SAMPLE_TID) {
-            o.put<int32_t>(pid);
-            o.put<int32_t>(tid);
-        }
-        if (st & PERF_SAMPLE_TIME) o.put<uint64_t>(time);
-        if (st & PERF_SAMPLE_ID) o.put<uint64_t>(e.id);
-        if (st & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(e.id);
-        if (st & PERF_SAMPLE_CPU) {
-            o.put<uint32_t>(cpu);
-            o.put<uint32_t>(0);
-        }
-        if (st & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(e.id);
+    // Non-sample records carry the sched_switch event's sample_id_all trailer.
+    void trailer(Out& o, int32_t pid, int32_t tid, uint64_t time, uint32_t cpu) {
+        test::put_id_trailer(o, {t_.sw.attr.sample_type, t_.sw.id, t_.sw.id}, pid, tid, time, cpu);
     }
 
     struct Field {
@@ -213,109 +176,48 @@ public:
     };
 
     std::vector<uint8_t> raw(const Ev& e, std::initializer_list<Field> fields) {
-        const TpFormat& f = *e.fmt;
-        size_t size = 0;
-        for (const auto& fl : f.fields) size = std::max<size_t>(size, fl.offset + fl.size);
-        std::vector<uint8_t> r(size, 0);
-        auto put = [&](const TpField& fl, uint64_t v) {
-            if (fl.offset + fl.size > r.size()) return;
-            std::memcpy(r.data() + fl.offset, &v, std::min<size_t>(fl.size, 8));
-        };
-        if (const TpField* ct = f.field("common_type")) put(*ct, f.id);
-        for (const auto& x : fields) {
-            const TpField* fl = f.field(x.name);
-            if (!fl) continue;
-            if (x.str && fl->data_loc) {
-                uint32_t off = static_cast<uint32_t>(r.size()), len = static_cast<uint32_t>(std::strlen(x.str) + 1);
-                r.insert(r.end(), x.str, x.str + len);
-                put(*fl, (uint64_t{len} << 16) | off);
-            } else if (x.str) {
-                std::memcpy(r.data() + fl->offset, x.str, std::min<size_t>(std::strlen(x.str), fl->size - 1));
-            } else {
-                put(*fl, static_cast<uint64_t>(x.v));
-            }
-        }
-        while ((r.size() + 4) % 8) r.push_back(0);
-        return r;
+        std::vector<test::RawValue> values;
+        for (const Field& f : fields) values.push_back({f.name, f.v, f.str ? f.str : "", f.str != nullptr});
+        return test::tracepoint_raw(*e.fmt, false, values, /*strict=*/false);
     }
 
     void sample(const Ev& e, int32_t pid, int32_t tid, uint32_t cpu, uint64_t time, const std::vector<uint8_t>& raw,
                 const StackCopy* stack = nullptr) {
-        const uint64_t st = e.attr.sample_type;
-        Buf o;
-        if (st & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(e.id);
-        if (st & PERF_SAMPLE_IP) o.put<uint64_t>(stack ? stack->ip : 0xffffffff81000000ull);
-        if (st & PERF_SAMPLE_TID) {
-            o.put<int32_t>(pid);
-            o.put<int32_t>(tid);
+        test::SampleView v{.id = e.id, .ip = stack ? stack->ip : 0xffffffff81000000ull, .pid = pid, .tid = tid,
+                           .time = time, .addr = stack ? stack->addr : 0, .stream_id = e.id, .cpu = cpu, .raw = raw};
+        if (stack) {
+            v.callchain = stack->callchain;
+            v.regs_abi = stack->regs_abi;
+            v.regs_user = stack->regs;
+            v.stack = stack->stack;
+            v.stack_reserved = stack->stack_size;
+            v.data_src = stack->data_src;
         }
-        if (st & PERF_SAMPLE_TIME) o.put<uint64_t>(time);
-        if (st & PERF_SAMPLE_ADDR) o.put<uint64_t>(stack ? stack->addr : 0);
-        if (st & PERF_SAMPLE_ID) o.put<uint64_t>(e.id);
-        if (st & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(e.id);
-        if (st & PERF_SAMPLE_CPU) {
-            o.put<uint32_t>(cpu);
-            o.put<uint32_t>(0);
-        }
-        if (st & PERF_SAMPLE_PERIOD) o.put<uint64_t>(1);
-        if (st & PERF_SAMPLE_CALLCHAIN) {
-            if (stack) o.bytes(stack->callchain.data(), stack->callchain.size());
-            else o.put<uint64_t>(0);
-        }
-        if (st & PERF_SAMPLE_RAW) {
-            o.put<uint32_t>(static_cast<uint32_t>(raw.size()));
-            o.bytes(raw.data(), raw.size());
-        }
-        if (st & PERF_SAMPLE_REGS_USER) {
-            if (stack) o.bytes(stack->regs.data(), stack->regs.size());
-            else o.put<uint64_t>(0);
-        }
-        if (st & PERF_SAMPLE_STACK_USER) {
-            if (stack) o.bytes(stack->stack.data(), stack->stack.size());
-            else o.put<uint64_t>(0);
-        }
-        if (st & PERF_SAMPLE_DATA_SRC) o.put<uint64_t>(stack ? stack->data_src : 0);
+        Out o;
+        test::put_sample_body(o, e.attr, v);
         record(PERF_RECORD_SAMPLE, 1 /* PERF_RECORD_MISC_KERNEL */, o);
         ++samples_;
     }
 
     void comm(int32_t pid, int32_t tid, const char* name, uint64_t time, bool exec) {
-        Buf o;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(tid);
-        o.bytes(name, std::strlen(name) + 1);
-        o.pad8();
+        Out o;
+        test::put_comm_body(o, pid, tid, name);
         trailer(o, pid, tid, time, 0);
         record(PERF_RECORD_COMM, exec ? PERF_RECORD_MISC_COMM_EXEC : 0, o);
     }
 
     void fork_rec(int32_t pid, int32_t ppid, int32_t tid, int32_t ptid, uint64_t time) {
-        Buf o;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(ppid);
-        o.put<int32_t>(tid);
-        o.put<int32_t>(ptid);
-        o.put<uint64_t>(time);
+        Out o;
+        test::put_task_body(o, pid, ppid, tid, ptid, time);
         trailer(o, pid, tid, time, 0);
         record(PERF_RECORD_FORK, 0, o);
     }
 
     void mmap2(int32_t pid, const MmapEvent& m, uint64_t time) {
-        Buf o;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(pid);
-        o.put<uint64_t>(m.start);
-        o.put<uint64_t>(m.len);
-        o.put<uint64_t>(m.pgoff);
-        o.put<uint32_t>(m.maj);
-        o.put<uint32_t>(m.min);
-        o.put<uint64_t>(m.ino);
-        o.put<uint64_t>(m.ino_generation);
-        o.put<uint32_t>(m.prot);
-        o.put<uint32_t>(m.flags);
-        o.bytes(m.filename.data(), m.filename.size());
-        o.b.push_back(0);
-        o.pad8();
+        Out o;
+        test::put_mmap2_body(o, {.pid = pid, .tid = pid, .start = m.start, .len = m.len, .pgoff = m.pgoff, .maj = m.maj,
+                                 .min = m.min, .ino = m.ino, .ino_generation = m.ino_generation, .prot = m.prot,
+                                 .flags = m.flags, .filename = m.filename});
         trailer(o, pid, pid, time, 0);
         record(PERF_RECORD_MMAP2, 2 /* USER */, o);
     }
@@ -387,7 +289,7 @@ public:
                     round_.insert(round_.end(), b.begin(), b.end());
                     b.clear();
                 }
-                Buf none;
+                Out none;
                 record(PERF_RECORD_FINISHED_ROUND, 0, none);
                 flush(round_);
                 round_.clear();
@@ -395,7 +297,7 @@ public:
             }
         }
         for (auto& b : per_cpu) round_.insert(round_.end(), b.begin(), b.end());
-        Buf none;
+        Out none;
         record(PERF_RECORD_FINISHED_ROUND, 0, none);
         flush(round_);
         round_.clear();
@@ -654,13 +556,9 @@ int main(int argc, char** argv) {
             while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
             for (size_t p = 0; p < ob.pos; p += 65000) {
                 size_t len = std::min<size_t>(65000, ob.pos - p);
-                Buf r;
-                r.put<uint32_t>(PERF_RECORD_COMPRESSED);
-                r.put<uint16_t>(0);
-                r.put<uint16_t>(static_cast<uint16_t>(8 + len));
-                r.bytes(comp.data() + p, len);
-                write(r.b.data(), r.b.size());
-                data_bytes += r.b.size();
+                const auto r = test::record_bytes(false, PERF_RECORD_COMPRESSED, 0, {comp.data() + p, len});
+                write(r.data(), r.size());
+                data_bytes += r.size();
             }
         };
         auto emit_data = [&](const std::vector<uint8_t>& bytes) {
@@ -688,22 +586,18 @@ int main(int argc, char** argv) {
         if (a.pipe) {
             // Attrs, tracing data and features as records.
             for (const auto& ea : attrs) {
-                Buf body;
+                Out body;
                 // the attr bytes exactly as in the template
                 const uint8_t* ap = tf.bytes().data() + th.attrs.offset + (&ea - attrs.data()) * th.attr_size;
                 body.bytes(ap, ea.attr.size);
                 for (uint64_t id : ea.ids) body.put<uint64_t>(id);
-                Buf r;
-                r.put<uint32_t>(PERF_RECORD_HEADER_ATTR);
-                r.put<uint16_t>(0);
-                r.put<uint16_t>(static_cast<uint16_t>(8 + body.b.size()));
-                r.bytes(body.b.data(), body.b.size());
-                write(r.b.data(), r.b.size());
+                const auto r = test::record_bytes(false, PERF_RECORD_HEADER_ATTR, 0, body.b);
+                write(r.data(), r.size());
             }
             for (const auto& f : feats) {
                 Bytes fb = tf.bytes().subspan(f.section.offset, f.section.size);
                 if (f.feature == HEADER_TRACING_DATA) {
-                    Buf r;
+                    Out r;
                     r.put<uint32_t>(PERF_RECORD_HEADER_TRACING_DATA);
                     r.put<uint16_t>(0);
                     r.put<uint16_t>(12);
@@ -715,36 +609,32 @@ int main(int argc, char** argv) {
                 } else if (f.feature == HEADER_EVENT_DESC || f.feature == HEADER_CMDLINE ||
                            f.feature == HEADER_HOSTNAME || f.feature == HEADER_CLOCKID || f.feature == HEADER_CLOCK_DATA) {
                     if (fb.size() + 16 > 65535) continue;
-                    Buf r;
-                    r.put<uint32_t>(PERF_RECORD_HEADER_FEATURE);
-                    r.put<uint16_t>(0);
-                    r.put<uint16_t>(static_cast<uint16_t>(16 + (fb.size() + 7) / 8 * 8));
-                    r.put<uint64_t>(f.feature);
-                    r.bytes(fb.data(), fb.size());
-                    r.pad8();
-                    write(r.b.data(), r.b.size());
+                    Out body;
+                    body.put<uint64_t>(f.feature);
+                    body.bytes(fb.data(), fb.size());
+                    body.pad(8);
+                    const auto r = test::record_bytes(false, PERF_RECORD_HEADER_FEATURE, 0, body.b);
+                    write(r.data(), r.size());
                 }
             }
             if (a.zstd) {
-                Buf r;
-                r.put<uint32_t>(PERF_RECORD_HEADER_FEATURE);
-                r.put<uint16_t>(0);
-                r.put<uint16_t>(16 + 24);
-                r.put<uint64_t>(HEADER_COMPRESSED);
-                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen), 0u}) r.put<uint32_t>(x);
-                write(r.b.data(), r.b.size());
+                Out body;
+                body.put<uint64_t>(HEADER_COMPRESSED);
+                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen), 0u}) body.put<uint32_t>(x);
+                const auto r = test::record_bytes(false, PERF_RECORD_HEADER_FEATURE, 0, body.b);
+                write(r.data(), r.size());
             }
         } else {
             // ids sections, then the attrs section (attr bytes as in the template).
             std::vector<uint64_t> ids_off;
-            Buf ids;
+            Out ids;
             for (const auto& ea : attrs) {
                 ids_off.push_back(ids_base + ids.b.size());
                 for (uint64_t id : ea.ids) ids.put<uint64_t>(id);
             }
             write(ids.b.data(), ids.b.size());
             attrs_off = ids_base + ids.b.size();
-            Buf as;
+            Out as;
             for (size_t k = 0; k < attrs.size(); ++k) {
                 const uint8_t* ap = tf.bytes().data() + th.attrs.offset + k * th.attr_size;
                 as.bytes(ap, th.attr_size - 16);
@@ -775,7 +665,7 @@ int main(int argc, char** argv) {
                 fs.emplace_back(f.feature, std::vector<uint8_t>(fb.begin(), fb.end()));
             }
             if (a.zstd) {
-                Buf c;
+                Out c;
                 for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen)}) c.put<uint32_t>(x);
                 fs.emplace_back(HEADER_COMPRESSED, c.b);
             }
@@ -784,7 +674,7 @@ int main(int argc, char** argv) {
             std::memcpy(&data_off, header.data() + 40, 8);
             uint64_t table = data_off + data_bytes;
             uint64_t payload = table + fs.size() * 16;
-            Buf tab;
+            Out tab;
             for (auto& f : fs) {
                 tab.put<uint64_t>(payload);
                 tab.put<uint64_t>(f.second.size());

@@ -1,7 +1,7 @@
-// Test-only perf.data writer: builds synthetic recordings for edge cases
+// The tests' perf.data writer: builds synthetic recordings for edge cases
 // (byte-swapped files, every sample bit, compressed chunks that split a
 // record, zero data size, broken counts) that perf itself will not produce
-// on demand. Not a general-purpose writer: it writes what the tests need.
+// on demand. Its records are encoded by perf_encode.h, as bench/perfgen's.
 //
 //   PerfWriter w;
 //   int sw = w.add_tracepoint("sched", kSchedSwitchFormat, PERF_SAMPLE_TID | PERF_SAMPLE_TIME | ...);
@@ -29,46 +29,10 @@
 #include "gilscan/perfdata/header.h"
 #include "gilscan/perfdata/perf_abi.h"
 #include "gilscan/perfdata/tracepoint_format.h"
+#include "perf_encode.h"
 
 namespace gilscan::test {
 
-// Byte output in either byte order.
-struct Out {
-    std::vector<uint8_t> b;
-    bool swap = false;
-    template <class T>
-    void put(T v) {
-        if (swap) v = byteswap_int(v);
-        bytes(&v, sizeof(T));
-    }
-    // GCC 12 warns (-Wstringop-overflow) about the copy once inlined into
-    // callers, wrongly: it assumes a size past the end of the address space
-    // (with insert() as with resize + memcpy). A known false positive of that
-    // version's range tracking.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
-    void bytes(const void* p, size_t n) {
-        if (n == 0) return;
-        const size_t at = b.size();
-        b.resize(at + n);
-        std::memcpy(b.data() + at, p, n);
-    }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-    void str(const std::string& s) { bytes(s.c_str(), s.size() + 1); }
-    void pad(size_t align) {
-        while (b.size() % align) b.push_back(0);
-    }
-    template <class T>
-    void patch(size_t at, T v) {
-        if (swap) v = byteswap_int(v);
-        std::memcpy(b.data() + at, &v, sizeof(T));
-    }
-    size_t size() const { return b.size(); }
-};
 
 inline const char* kSchedSwitchFormat =
     "name: sched_switch\nID: 372\nformat:\n"
@@ -181,116 +145,27 @@ public:
             : name(std::move(n)), value(v), str(std::move(s)), is_str(str_field) {}
     };
     std::vector<uint8_t> raw(int i, const std::vector<RawField>& set) const {
-        TpFormat f = format_of(i);
-        size_t size = 0;
-        for (auto& fl : f.fields) size = std::max<size_t>(size, fl.offset + fl.size);
-        std::vector<uint8_t> r(size, 0);
-        auto put_int = [&](const TpField& fl, uint64_t v) {
-            Out o;
-            o.swap = swap;
-            switch (fl.size) {
-            case 1: o.put<uint8_t>(static_cast<uint8_t>(v)); break;
-            case 2: o.put<uint16_t>(static_cast<uint16_t>(v)); break;
-            case 4: o.put<uint32_t>(static_cast<uint32_t>(v)); break;
-            default: o.put<uint64_t>(v); break;
-            }
-            std::memcpy(r.data() + fl.offset, o.b.data(), o.b.size());
-        };
-        const TpField* common_type = f.field("common_type");
-        if (!common_type) throw std::runtime_error("format without common_type");
-        put_int(*common_type, f.id);
-        for (const auto& s : set) {
-            const TpField* fl = f.field(s.name);
-            if (!fl) throw std::runtime_error("no field " + s.name);
-            if (s.is_str && fl->data_loc) {
-                uint32_t off = static_cast<uint32_t>(r.size());
-                r.insert(r.end(), s.str.begin(), s.str.end());
-                r.push_back(0);
-                put_int(*fl, (static_cast<uint64_t>(s.str.size() + 1) << 16) | off);
-            } else if (s.is_str) {
-                std::memcpy(r.data() + fl->offset, s.str.data(), std::min<size_t>(s.str.size(), fl->size - 1));
-            } else {
-                put_int(*fl, static_cast<uint64_t>(s.value));
-            }
-        }
-        while ((r.size() + 4) % 8) r.push_back(0);
-        return r;
+        std::vector<RawValue> values;
+        for (const auto& f : set) values.push_back({f.name, f.value, f.str, f.is_str});
+        return tracepoint_raw(format_of(i), swap, values, /*strict=*/true);
     }
 
     void record(uint32_t type, uint16_t misc, const std::vector<uint8_t>& body) {
-        Out o;
-        o.swap = swap;
-        o.put<uint32_t>(type);
-        o.put<uint16_t>(misc);
-        o.put<uint16_t>(static_cast<uint16_t>(8 + body.size()));
-        o.bytes(body.data(), body.size());
-        records.push_back(std::move(o.b));
+        records.push_back(record_bytes(swap, type, misc, body));
     }
 
     std::vector<uint8_t> sample_body(int i, const TestSample& s) const {
-        const PerfEventAttr& a = attrs[i].attr;
-        const uint64_t t = a.sample_type;
-        const uint64_t id = s.id ? s.id : attrs[i].ids[0];
         Out o;
         o.swap = swap;
-        if (t & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(id);
-        if (t & PERF_SAMPLE_IP) o.put<uint64_t>(s.ip);
-        if (t & PERF_SAMPLE_TID) {
-            o.put<int32_t>(s.pid);
-            o.put<int32_t>(s.tid);
-        }
-        if (t & PERF_SAMPLE_TIME) o.put<uint64_t>(s.time);
-        if (t & PERF_SAMPLE_ADDR) o.put<uint64_t>(s.addr);
-        if (t & PERF_SAMPLE_ID) o.put<uint64_t>(id);
-        if (t & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(s.stream_id);
-        if (t & PERF_SAMPLE_CPU) {
-            o.put<uint32_t>(s.cpu);
-            o.put<uint32_t>(0);
-        }
-        if (t & PERF_SAMPLE_PERIOD) o.put<uint64_t>(s.period);
-        if (t & PERF_SAMPLE_READ)
-            for (uint64_t v : s.read_values) o.put<uint64_t>(v);
-        if (t & PERF_SAMPLE_CALLCHAIN) {
-            o.put<uint64_t>(s.callchain.size());
-            for (uint64_t v : s.callchain) o.put<uint64_t>(v);
-        }
-        if (t & PERF_SAMPLE_RAW) {
-            o.put<uint32_t>(static_cast<uint32_t>(s.raw.size()));
-            o.bytes(s.raw.data(), s.raw.size());
-        }
-        if (t & PERF_SAMPLE_BRANCH_STACK) {
-            o.put<uint64_t>(s.branch.size() / 3);
-            if (a.branch_sample_type & PERF_SAMPLE_BRANCH_HW_INDEX) o.put<uint64_t>(0);
-            for (uint64_t v : s.branch) o.put<uint64_t>(v);
-        }
-        if (t & PERF_SAMPLE_REGS_USER) {
-            o.put<uint64_t>(s.regs_user.empty() ? 0 : 2);
-            for (uint64_t v : s.regs_user) o.put<uint64_t>(v);
-        }
-        if (t & PERF_SAMPLE_STACK_USER) {
-            uint64_t size = std::max<uint64_t>(s.stack_reserved, s.stack.size());
-            o.put<uint64_t>(size);
-            if (size) {
-                o.bytes(s.stack.data(), s.stack.size());
-                for (uint64_t k = s.stack.size(); k < size; ++k) o.b.push_back(0);
-                o.put<uint64_t>(s.stack.size());
-            }
-        }
-        if (t & (PERF_SAMPLE_WEIGHT | PERF_SAMPLE_WEIGHT_STRUCT)) o.put<uint64_t>(s.weight);
-        if (t & PERF_SAMPLE_DATA_SRC) o.put<uint64_t>(s.data_src);
-        if (t & PERF_SAMPLE_TRANSACTION) o.put<uint64_t>(s.transaction);
-        if (t & PERF_SAMPLE_REGS_INTR) {
-            o.put<uint64_t>(s.regs_intr.empty() ? 0 : 2);
-            for (uint64_t v : s.regs_intr) o.put<uint64_t>(v);
-        }
-        if (t & PERF_SAMPLE_PHYS_ADDR) o.put<uint64_t>(s.phys_addr);
-        if (t & PERF_SAMPLE_CGROUP) o.put<uint64_t>(s.cgroup);
-        if (t & PERF_SAMPLE_DATA_PAGE_SIZE) o.put<uint64_t>(s.data_page_size);
-        if (t & PERF_SAMPLE_CODE_PAGE_SIZE) o.put<uint64_t>(s.code_page_size);
-        if (t & PERF_SAMPLE_AUX) {
-            o.put<uint64_t>(s.aux.size());
-            o.bytes(s.aux.data(), s.aux.size());
-        }
+        put_sample_body(o, attrs[i].attr,
+                        {.id = s.id ? s.id : attrs[i].ids[0], .ip = s.ip, .pid = s.pid, .tid = s.tid, .time = s.time,
+                         .addr = s.addr, .stream_id = s.stream_id, .cpu = s.cpu, .period = s.period,
+                         .read_values = s.read_values, .callchain = s.callchain, .raw = s.raw, .branch = s.branch,
+                         .regs_abi = 2, .regs_user = s.regs_user, .stack = s.stack,
+                         .stack_reserved = s.stack_reserved, .weight = s.weight, .data_src = s.data_src,
+                         .transaction = s.transaction, .phys_addr = s.phys_addr, .cgroup = s.cgroup,
+                         .data_page_size = s.data_page_size, .code_page_size = s.code_page_size,
+                         .regs_intr = s.regs_intr, .aux = s.aux});
         return o.b;
     }
 
@@ -298,28 +173,13 @@ public:
 
     // sample_id_all trailer for attr i.
     void trailer(Out& o, int i, int32_t pid, int32_t tid, uint64_t time, uint32_t cpu) const {
-        const uint64_t t = attrs[i].attr.sample_type;
-        if (t & PERF_SAMPLE_TID) {
-            o.put<int32_t>(pid);
-            o.put<int32_t>(tid);
-        }
-        if (t & PERF_SAMPLE_TIME) o.put<uint64_t>(time);
-        if (t & PERF_SAMPLE_ID) o.put<uint64_t>(attrs[i].ids[0]);
-        if (t & PERF_SAMPLE_STREAM_ID) o.put<uint64_t>(0);
-        if (t & PERF_SAMPLE_CPU) {
-            o.put<uint32_t>(cpu);
-            o.put<uint32_t>(0);
-        }
-        if (t & PERF_SAMPLE_IDENTIFIER) o.put<uint64_t>(attrs[i].ids[0]);
+        put_id_trailer(o, {attrs[i].attr.sample_type, attrs[i].ids[0], 0}, pid, tid, time, cpu);
     }
 
     void comm(int i, int32_t pid, int32_t tid, const std::string& name, uint64_t time, bool exec = false) {
         Out o;
         o.swap = swap;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(tid);
-        o.str(name);
-        o.pad(8);
+        put_comm_body(o, pid, tid, name);
         trailer(o, i, pid, tid, time, 0);
         record(PERF_RECORD_COMM, exec ? PERF_RECORD_MISC_COMM_EXEC : 0, o.b);
     }
@@ -329,19 +189,9 @@ public:
                uint64_t time) {
         Out o;
         o.swap = swap;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(pid);
-        o.put<uint64_t>(start);
-        o.put<uint64_t>(len);
-        o.put<uint64_t>(pgoff);
-        o.put<uint32_t>(254);    // maj
-        o.put<uint32_t>(1);      // min
-        o.put<uint64_t>(18834);  // ino
-        o.put<uint64_t>(7);      // ino_generation
-        o.put<uint32_t>(prot);
-        o.put<uint32_t>(2);  // MAP_PRIVATE
-        o.str(path);
-        o.pad(8);
+        put_mmap2_body(o, {.pid = pid, .tid = pid, .start = start, .len = len, .pgoff = pgoff, .maj = 254, .min = 1,
+                           .ino = 18834, .ino_generation = 7, .prot = prot, .flags = 2 /* MAP_PRIVATE */,
+                           .filename = path});
         trailer(o, i, pid, pid, time, 0);
         record(PERF_RECORD_MMAP2, 0, o.b);
     }
@@ -349,11 +199,7 @@ public:
     void task(uint32_t type, int i, int32_t pid, int32_t ppid, int32_t tid, int32_t ptid, uint64_t time) {
         Out o;
         o.swap = swap;
-        o.put<int32_t>(pid);
-        o.put<int32_t>(ppid);
-        o.put<int32_t>(tid);
-        o.put<int32_t>(ptid);
-        o.put<uint64_t>(time);
+        put_task_body(o, pid, ppid, tid, ptid, time);
         trailer(o, i, pid, tid, time, 0);
         record(type, 0, o.b);
     }
