@@ -294,6 +294,32 @@ void GilStackClassifier::classify(const Sample& s, const EventInfo&, const PrevS
     classify_into(maps_ ? maps_->space(s.pid) : nullptr, s, label);
 }
 
+namespace {
+
+// Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
+template <class Each>
+void for_kernel_frames(const Sample& s, Each&& each) {
+    bool kernel = false;
+    for (size_t i = 0; i < s.callchain.size(); ++i) {
+        uint64_t ip = s.callchain[i];
+        if (ip >= PERF_CONTEXT_MAX) {
+            kernel = ip == PERF_CONTEXT_KERNEL;
+            if (ip == PERF_CONTEXT_USER) break;
+            continue;
+        }
+        if (kernel) each(ip);
+    }
+}
+
+}  // namespace
+
+// A sleep's answer comes from its first kAnswerFrames frames, however many
+// --sleep-stacks keeps for the trace: how much of a stack is shown must not
+// change its label (take_gil is frame 2 to 5). The unwind goes on for the
+// frames kept, and with --gil-functions past a GIL wait's take_gil frame to
+// its first frame in JIT code, the Python function that waits (a -X perf
+// trampoline; on a CPython without frame pointers the unwind ends there
+// anyway).
 void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, SleepLabel& label) {
     // Cleared, not replaced: a recycled label (a worker's job, a thread's
     // own) keeps its strings' capacity, so a warm classifier allocates
@@ -310,163 +336,100 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
         ++stats_.not_python;
         return;
     }
-    bool decided = false;
-    // Frames are cached as JSON fragments, escaped once ("a","b" for a pc
-    // with an inlined call): a stack is then a few appends, not a character
-    // loop per frame per sleep.
-    std::string& stack = scratch_;
-    stack.clear();
-    auto add_json = [&stack](const std::string& fragment) {
-        if (fragment.empty()) return;
-        stack += stack.empty() ? '[' : ',';  // a char: no strlen per frame
-        stack += fragment;
-    };
-    // Kernel frames are kept from CALLCHAIN (PERF_CONTEXT_KERNEL .. PERF_CONTEXT_USER).
-    auto for_kernel_frames = [&s](auto&& each) {
-        bool kernel = false;
-        for (size_t i = 0; i < s.callchain.size(); ++i) {
-            uint64_t ip = s.callchain[i];
-            if (ip >= PERF_CONTEXT_MAX) {
-                kernel = ip == PERF_CONTEXT_KERNEL;
-                if (ip == PERF_CONTEXT_USER) break;
-                continue;
-            }
-            if (kernel) each(ip);
-        }
-    };
     frames_.clear();
-    // A sleep's answer comes from its first kAnswerFrames frames, however
-    // many --sleep-stacks keeps for the trace: how much of a stack is shown
-    // must not change its label (with the kept frames as the limit, `-j 1
-    // --sleep-stacks 2` labelled no GIL wait at all: take_gil is frame 2 to
-    // 5). The unwind goes on for the frames kept, and with --gil-functions
-    // past a GIL wait's take_gil frame to its first frame in JIT code, the
-    // Python function that waits (a -X perf trampoline; on a CPython without
-    // frame pointers the unwind ends there anyway).
-    const unsigned frames_kept = stack_frames_;
-    bool seeking_function = false;
-    bool cut = false;  // the answer's frames ran out undecided: "complete", as the unwinder says at its max
-    const AddrRange* py2_lock = nullptr;  // the frame before, py2_frame, was Python 2's PyThread_acquire_lock
-    Frame py2_frame;
-    // The user frames are named after the unwind, and only for a stack not
-    // seen before (StackTexts): the text is a function of the layout and the
-    // frames' addresses.
     const uint64_t layout = stack_frames_ ? layout_of(*as) : 0;
-    auto on_frame = [&](const Frame& f) {
-        // An unmapped pc is where unwinding ran off the copied stack.
-        if (f.depth < frames_kept && f.mapping) frames_.push_back(f);
-        if (py2_lock) {
-            // The frame above Python 2's PyThread_acquire_lock: a GIL taker
-            // of the same libpython makes the wait a GIL wait; anything else
-            // (lock_PyThread_acquire_lock: a threading.Lock) a plain sleep.
-            decided = true;
-            const AddrRange* c = f.module == py2_frame.module ? f.module->in_py2_gil_caller(f.vaddr) : nullptr;
-            if (c) {
-                label.name = "S(GIL)";
-                if (label.text) {
-                    frame_evidence(label.evidence_built, py2_lock->name, py2_frame.vaddr - py2_lock->begin,
-                                   py2_frame.mapping ? std::string_view(py2_frame.mapping->path) : "?",
-                                   py2_frame.depth);
-                    label.evidence_built += " called from ";
-                    label.evidence_built += c->name;
-                }
-                label.gil = true;
-                ++stats_.gil;
-                ++stats_.py2_gil;
-            }
-            py2_lock = nullptr;
-        } else if (decided) {
-            if (seeking_function && (in_jit_code(f) || in_injected_jit(f))) {
-                seeking_function = false;
-                name_gil_function(*as, f, label);
-            }
-        } else if (f.depth < kAnswerFrames) {
-            const AddrRange* lock = f.module && f.module->python ? f.module->in_py2_lock(f.vaddr) : nullptr;
-            if (lock) {
-                py2_lock = lock;  // decided by the next frame (kAnswerFrames + 1 at most)
-                py2_frame = f;
-            } else if (f.module && f.module->python) {
-                decided = true;
-                const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
-                // The evidence text only where it is read (label.text: a trace is
-                // written); a summary reads the answer alone, and building the text
-                // was 7% of a summary-only DWARF run's instructions.
-                if (const AddrRange* r = f.module->in_take(f.vaddr)) {
-                    label.name = "S(GIL)";
-                    if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
-                    label.gil = true;
-                    ++stats_.gil;
-                } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
-                    label.name = "S(GIL handoff)";
-                    if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
-                    ++stats_.handoff;
-                }
-                seeking_function = gil_functions_ && label.gil;
-            } else if (f.depth + 1 == kAnswerFrames) {
-                cut = true;
-            }
-        }
-        // On for the answer, the frames kept, or the function sought.
-        const bool on = (!decided && !cut) || py2_lock || f.depth + 1 < frames_kept || seeking_function;
-        return on ? FrameAction::Continue : FrameAction::Stop;
-    };
+    Walk w;
+    w.as = as;
+    w.label = &label;
+    w.frames_kept = stack_frames_;
+    auto on = [this, &w](const Frame& f) { return on_frame(w, f); };
     // By reference: a std::function holding the lambda itself (larger than
     // its inline buffer) would allocate once per sleep.
-    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on_frame), std::max(frames_kept, kAnswerFrames + 1));
-    if (cut) st = UnwindStatus::Complete;
-    if (stack_frames_) {
-        // The stack's key: its layout, how many kernel frames, their
-        // addresses, then the user frames' pcs.
-        // With frames named from a perf map, the pid follows (flagged in the
-        // count's top bit): the same pcs are other functions in another
-        // process of the same layout.
-        key_.clear();
-        key_.push_back(layout);
-        key_.push_back(0);
-        const bool jit = names_jit_frames(*as);
-        if (jit) key_.push_back(static_cast<uint32_t>(as->pid));
-        const size_t before_kernel = key_.size();
-        for_kernel_frames([this](uint64_t ip) { key_.push_back(ip); });
-        key_[1] = (key_.size() - before_kernel) | (jit ? uint64_t{1} << 63 : 0);
-        for (const Frame& f : frames_) key_.push_back(f.pc);
-        const uint64_t h = StackTexts::hash(key_);
-        if (const std::string* kept = texts_.find(key_, h)) {
-            label.stack_shared = kept;  // seen before: nothing to name or build
-        } else {
-            // While /proc/kallsyms is still being read (the first sleeps),
-            // the user frames are named first: loading the modules' DWARF
-            // for their names then overlaps that read instead of following
-            // it. (A deferred read, -j 1, happens at the first kernel frame:
-            // nothing to overlap.)
-            const bool kernel_last =
-                ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
-            // Never waiting: the user frames are named all the same (the
-            // stages will want them), the kernel frames are not waited for.
-            if (kernel_last && never_wait_) abandoned_ = true;
-            // The reader's classifier (-j 2) names a stack's new frames
-            // outermost first: the stages' thread, meeting the same new
-            // stacks at the same time, names them innermost first, and the
-            // two meet in the middle instead of one waiting for each frame
-            // the other has just begun.
-            const bool named_last = never_wait_ && shared_names_ && !names_->symbolizer;
-            if (named_last)
-                for (size_t i = frames_.size(); i-- > 0;) user_frame_json(*as, layout, frames_[i]);
-            else if (kernel_last)
-                for (const Frame& f : frames_) user_frame_json(*as, layout, f);
-            if (!abandoned_) {
-                for_kernel_frames([&](uint64_t ip) { add_json(kernel_frame_json(ip)); });
-                for (const Frame& f : frames_) add_json(user_frame_json(*as, layout, f));  // each now cached
-                if (!stack.empty()) stack += ']';
-                if (const std::string* added = texts_.add(key_, h, stack)) label.stack_shared = added;
-                else label.stack_json = stack;  // no room left to keep it: the label's own
-            }
-        }
-    }
+    UnwindStatus st = unwinder_.unwind(*as, s, std::ref(on), std::max(w.frames_kept, kAnswerFrames + 1));
+    if (w.cut) st = UnwindStatus::Complete;
+    // The user frames are named after the unwind, and only for a stack not
+    // seen before (StackTexts): the text is a function of the layout and
+    // the frames' addresses.
+    if (stack_frames_) keep_stack_text(*as, s, layout, label);
     if (abandoned_) {
         label.clear();
         stats_ = before;
         return;
     }
+    count(st, w.decided);
+}
+
+FrameAction GilStackClassifier::on_frame(Walk& w, const Frame& f) {
+    // An unmapped pc is where unwinding ran off the copied stack.
+    if (f.depth < w.frames_kept && f.mapping) frames_.push_back(f);
+    if (w.py2_lock) {
+        decide_py2(w, f);
+    } else if (w.decided) {
+        if (w.seeking_function && (in_jit_code(f) || in_injected_jit(f))) {
+            w.seeking_function = false;
+            name_gil_function(*w.as, f, *w.label);
+        }
+    } else if (f.depth < kAnswerFrames) {
+        const AddrRange* lock = f.module && f.module->python ? f.module->in_py2_lock(f.vaddr) : nullptr;
+        if (lock) {
+            w.py2_lock = lock;  // decided by the next frame (kAnswerFrames + 1 at most)
+            w.py2_frame = f;
+        } else if (f.module && f.module->python) {
+            decide_by_frame(w, f);
+        } else if (f.depth + 1 == kAnswerFrames) {
+            w.cut = true;
+        }
+    }
+    // On for the answer, the frames kept, or the function sought.
+    const bool on = (!w.decided && !w.cut) || w.py2_lock || f.depth + 1 < w.frames_kept || w.seeking_function;
+    return on ? FrameAction::Continue : FrameAction::Stop;
+}
+
+// The frame above Python 2's PyThread_acquire_lock: a GIL taker of the same
+// libpython makes the wait a GIL wait; anything else
+// (lock_PyThread_acquire_lock: a threading.Lock) a plain sleep.
+void GilStackClassifier::decide_py2(Walk& w, const Frame& f) {
+    w.decided = true;
+    SleepLabel& label = *w.label;
+    const Frame& lf = w.py2_frame;
+    const AddrRange* c = f.module == lf.module ? f.module->in_py2_gil_caller(f.vaddr) : nullptr;
+    if (c) {
+        label.name = "S(GIL)";
+        if (label.text) {
+            frame_evidence(label.evidence_built, w.py2_lock->name, lf.vaddr - w.py2_lock->begin,
+                           lf.mapping ? std::string_view(lf.mapping->path) : "?", lf.depth);
+            label.evidence_built += " called from ";
+            label.evidence_built += c->name;
+        }
+        label.gil = true;
+        ++stats_.gil;
+        ++stats_.py2_gil;
+    }
+    w.py2_lock = nullptr;
+}
+
+// The first CPython frame decides: inside take_gil a GIL wait, inside
+// drop_gil the hand-off wait, else a plain sleep.
+void GilStackClassifier::decide_by_frame(Walk& w, const Frame& f) {
+    w.decided = true;
+    SleepLabel& label = *w.label;
+    const std::string_view file = f.mapping ? std::string_view(f.mapping->path) : std::string_view("?");
+    // The evidence text only where it is read (label.text: a trace is
+    // written); a summary reads the answer alone.
+    if (const AddrRange* r = f.module->in_take(f.vaddr)) {
+        label.name = "S(GIL)";
+        if (label.text) frame_evidence(label.evidence_built, r->name, f.vaddr - r->begin, file, f.depth);
+        label.gil = true;
+        ++stats_.gil;
+    } else if (const AddrRange* d = f.module->in_drop(f.vaddr)) {
+        label.name = "S(GIL handoff)";
+        if (label.text) frame_evidence(label.evidence_built, d->name, f.vaddr - d->begin, file, f.depth);
+        ++stats_.handoff;
+    }
+    w.seeking_function = gil_functions_ && label.gil;
+}
+
+void GilStackClassifier::count(UnwindStatus st, bool decided) {
     if (decided && st != UnwindStatus::Stopped) st = UnwindStatus::Stopped;  // answered, stack walked on
     switch (st) {
     case UnwindStatus::Stopped: ++stats_.decided; break;
@@ -476,211 +439,58 @@ void GilStackClassifier::classify_into(const AddressSpace* as, const Sample& s, 
     }
 }
 
-}  // namespace gilscan
-
-namespace gilscan {
-
-struct ParallelStackClassifier::Job {
-    int64_t ticket = 0;
-    std::shared_ptr<const AddressSpace> space;
-    Sample sample;               // spans point into `bytes`
-    ChunkBytes bytes;            // callchain, regs and stack copies (resized without zero fill)
-    SleepLabel label;            // the worker's answer
-};
-
-struct ParallelStackClassifier::Worker {
-    std::unique_ptr<GilStackClassifier> gsc;
-    std::thread thread;
-};
-
-namespace {
-// A hand-over wakes a sleeping worker and a posted batch may wake the
-// decoding thread; on a VM a wake-up costs tens of microseconds, so jobs
-// travel in batches of 64 (a few hundred microseconds of unwinding).
-constexpr size_t kJobBatch = 64;
-}
-
-struct ParallelStackClassifier::Shared {
-    std::mutex mu;
-    std::condition_variable ready, result;
-    std::deque<std::vector<std::unique_ptr<Job>>> queue;
-    bool done = false;
-    std::vector<std::unique_ptr<Job>> finished;  // labelled, not yet taken by resolve()
-    std::atomic<uint64_t> posted{0};  // batches of labels posted: resolve() locks only when it moved
-};
-
-ParallelStackClassifier::ParallelStackClassifier(unsigned jobs, const ModuleOptions& mopt, unsigned stack_frames,
-                                                 const RecordedKernel& kernel, size_t max_queued_batches)
-    : modules_(std::make_unique<ModuleCache>(mopt)), sh_(std::make_unique<Shared>()), max_queued_(max_queued_batches) {
-    auto names = std::make_shared<GilStackClassifier::NameCache>(kernel, stack_frames > 0);
-    if (stack_frames) names->symbolizer = std::make_unique<DwarfUnwinder>(*modules_);
-    for (unsigned i = 0; i < std::max(1u, jobs); ++i) {
-        auto w = std::make_unique<Worker>();
-        w->gsc = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel, names);
-        workers_.push_back(std::move(w));
-    }
-    here_ = std::make_unique<GilStackClassifier>(nullptr, *modules_, stack_frames, kernel, names);
-    // The kept stack texts of all the classifiers together stay within
-    // what two classifiers keep at -j 2 (with -j 64 a bound per
-    // classifier would be a gigabyte).
-    const size_t share = std::max<size_t>(GilStackClassifier::kStackTextBytes * 2 / (workers_.size() + 1), 1u << 20);
-    here_->limit_stack_texts(share);
-    for (auto& w : workers_) w->gsc->limit_stack_texts(share);
-    for (auto& w : workers_) w->thread = std::thread([this, wp = w.get()] { work(*wp); });
-}
-
-ParallelStackClassifier::~ParallelStackClassifier() { finish(); }
-
-void ParallelStackClassifier::work(Worker& w) {
-    pthread_setname_np(pthread_self(), "gilscan-unwind");
-    for (;;) {
-        std::vector<std::unique_ptr<Job>> jobs;
-        {
-            std::unique_lock<std::mutex> l(sh_->mu);
-            sh_->ready.wait(l, [&] { return sh_->done || !sh_->queue.empty(); });
-            if (sh_->queue.empty()) return;
-            jobs = std::move(sh_->queue.front());
-            sh_->queue.pop_front();
-        }
-        for (auto& job : jobs) w.gsc->classify_into(job->space.get(), job->sample, job->label);
-        {
-            std::lock_guard<std::mutex> l(sh_->mu);
-            for (auto& job : jobs) sh_->finished.push_back(std::move(job));
-            sh_->posted.fetch_add(1, std::memory_order_release);
-        }
-        sh_->result.notify_all();
-    }
-}
-
-void ParallelStackClassifier::hand_staged() {
-    if (staged_.empty()) return;
-    std::vector<std::unique_ptr<Job>> batch;
-    batch.reserve(kJobBatch);
-    batch.swap(staged_);
-    {
-        std::lock_guard<std::mutex> l(sh_->mu);
-        if (sh_->queue.size() < max_queued_) {
-            sh_->queue.push_back(std::move(batch));
-            batch.clear();
-        }
-    }
-    if (batch.empty()) {
-        sh_->ready.notify_one();
+// The stack's key: its layout, how many kernel frames, their addresses,
+// then the user frames' pcs. With frames named from a perf map, the pid
+// follows (flagged in the count's top bit): the same pcs are other
+// functions in another process of the same layout. Frames are cached as
+// JSON fragments, escaped once ("a","b" for a pc with an inlined call): a
+// stack is then a few appends, not a character loop per frame per sleep.
+void GilStackClassifier::keep_stack_text(const AddressSpace& as, const Sample& s, uint64_t layout, SleepLabel& label) {
+    key_.clear();
+    key_.push_back(layout);
+    key_.push_back(0);
+    const bool jit = names_jit_frames(as);
+    if (jit) key_.push_back(static_cast<uint32_t>(as.pid));
+    const size_t before_kernel = key_.size();
+    for_kernel_frames(s, [this](uint64_t ip) { key_.push_back(ip); });
+    key_[1] = (key_.size() - before_kernel) | (jit ? uint64_t{1} << 63 : 0);
+    for (const Frame& f : frames_) key_.push_back(f.pc);
+    const uint64_t h = StackTexts::hash(key_);
+    if (const std::string* kept = texts_.find(key_, h)) {
+        label.stack_shared = kept;  // seen before: nothing to name or build
         return;
     }
-    // The workers are behind: this thread unwinds the batch itself rather
-    // than wait (or copy ever more stacks). The labels are the same whoever
-    // computes them.
-    for (auto& job : batch) {
-        here_->classify_into(job->space.get(), job->sample, job->label);
-        take_back(job);
-    }
-}
-
-void ParallelStackClassifier::set_gil_functions(bool on) {
-    here_->set_gil_functions(on);
-    for (auto& w : workers_) w->gsc->set_gil_functions(on);
-}
-
-void ParallelStackClassifier::take_back(std::unique_ptr<Job>& job) {
-    // A label waits in ready_ until its span is emitted, which can be long
-    // after the wake-up; the job (and its stack copy) is reused at once. The
-    // label is copied, not moved: its strings stay with the job to be refilled
-    // (in the worker's malloc arena: moved, they would be freed on this thread).
-    ready_.emplace(job->ticket, job->label);
-    job->space.reset();  // the snapshot is released on this thread
-    spare_.push_back(std::move(job));
-}
-
-int64_t ParallelStackClassifier::submit(std::shared_ptr<const AddressSpace> space, const Sample& s) {
-    std::unique_ptr<Job> job;
-    if (spare_.empty()) {
-        job = std::make_unique<Job>();
-    } else {
-        job = std::move(spare_.back());
-        spare_.pop_back();
-    }
-    job->ticket = next_ticket_++;
-    job->label.text = text_;  // kept by classify_into's clear()
-    job->space = std::move(space);
-    job->sample = s;
-    // The record's chunk is reused once it is delivered: copy what the
-    // worker reads (a few KiB, against microseconds of unwinding) into the
-    // job's own buffer, which keeps its capacity from one sleep to the next.
-    const size_t nc = s.callchain.bytes.size(), nr = s.regs_user.bytes.size(), ns = s.stack_user.size();
-    job->bytes.resize(nc + nr + ns);
-    uint8_t* p = job->bytes.data();
-    if (nc) std::memcpy(p, s.callchain.bytes.data(), nc);
-    if (nr) std::memcpy(p + nc, s.regs_user.bytes.data(), nr);
-    if (ns) std::memcpy(p + nc + nr, s.stack_user.data(), ns);
-    job->sample.callchain = U64Array{Bytes(p, nc), s.callchain.swap};
-    job->sample.regs_user = U64Array{Bytes(p + nc, nr), s.regs_user.swap};
-    job->sample.stack_user = Bytes(p + nc + nr, ns);
-    job->sample.raw = {};
-    job->sample.aux = {};
-    job->sample.regs_intr = {};
-    const int64_t ticket = job->ticket;
-    staged_.push_back(std::move(job));
-    if (staged_.size() >= kJobBatch) hand_staged();
-    return ticket;
-}
-
-std::optional<SleepLabel> ParallelStackClassifier::resolve(int64_t ticket, bool wait) {
-    auto take = [&]() -> std::optional<SleepLabel> {
-        auto it = ready_.find(ticket);
-        if (it == ready_.end()) return std::nullopt;
-        SleepLabel label = std::move(it->second);
-        ready_.erase(it);
-        return label;
+    // While /proc/kallsyms is still being read (the first sleeps), the user
+    // frames are named first: loading the modules' DWARF for their names
+    // then overlaps that read instead of following it. (A deferred read,
+    // -j 1, happens at the first kernel frame: nothing to overlap.)
+    const bool kernel_last = ksyms_.valid() && ksyms_.wait_for(std::chrono::seconds(0)) == std::future_status::timeout;
+    // Never waiting: the user frames are named all the same (the stages
+    // will want them), the kernel frames are not waited for.
+    if (kernel_last && never_wait_) abandoned_ = true;
+    // The reader's classifier (-j 2) names a stack's new frames outermost
+    // first: the stages' thread, meeting the same new stacks at the same
+    // time, names them innermost first, and the two meet in the middle
+    // instead of one waiting for each frame the other has just begun.
+    const bool named_last = never_wait_ && shared_names_ && !names_->symbolizer;
+    if (named_last)
+        for (size_t i = frames_.size(); i-- > 0;) user_frame_json(as, layout, frames_[i]);
+    else if (kernel_last)
+        for (const Frame& f : frames_) user_frame_json(as, layout, f);
+    if (abandoned_) return;
+    std::string& stack = scratch_;
+    stack.clear();
+    auto add_json = [&stack](const std::string& fragment) {
+        if (fragment.empty()) return;
+        stack += stack.empty() ? '[' : ',';  // a char: no strlen per frame
+        stack += fragment;
     };
-    if (auto l = take()) return l;
-    if (wait) {
-        hand_staged();  // the ticket may still be staged here
-        // ... and labelled by that call, on this thread, when the workers
-        // had no room for the batch: the wait below is for workers' jobs
-        // only, and would never end for it.
-        if (auto l = take()) return l;
-    }
-    if (!wait && sh_->posted.load(std::memory_order_acquire) == seen_posted_) return std::nullopt;
-    {
-        std::unique_lock<std::mutex> l(sh_->mu);
-        if (wait) sh_->result.wait(l, [&] {
-            for (const auto& job : sh_->finished)
-                if (job->ticket == ticket) return true;
-            return false;
-        });
-        for (auto& job : sh_->finished) take_back(job);
-        sh_->finished.clear();
-        seen_posted_ = sh_->posted.load(std::memory_order_relaxed);
-    }
-    return take();
+    for_kernel_frames(s, [&](uint64_t ip) { add_json(kernel_frame_json(ip)); });
+    for (const Frame& f : frames_) add_json(user_frame_json(as, layout, f));  // each now cached
+    if (!stack.empty()) stack += ']';
+    if (const std::string* added = texts_.add(key_, h, stack)) label.stack_shared = added;
+    else label.stack_json = stack;  // no room left to keep it: the label's own
 }
 
-void ParallelStackClassifier::finish() {
-    hand_staged();
-    {
-        std::lock_guard<std::mutex> l(sh_->mu);
-        sh_->done = true;
-    }
-    sh_->ready.notify_all();
-    for (auto& w : workers_)
-        if (w->thread.joinable()) w->thread.join();
-}
-
-StackStats ParallelStackClassifier::stats() const {
-    StackStats t;
-    std::vector<const GilStackClassifier*> all{here_.get()};
-    for (const auto& w : workers_) all.push_back(w->gsc.get());
-    for (const GilStackClassifier* c : all) t += c->stats();
-    return t;
-}
-
-std::vector<std::string> ParallelStackClassifier::problems() const {
-    std::vector<std::string> out = modules_->problems();
-    std::sort(out.begin(), out.end());
-    return out;
-}
-
-std::vector<std::string> ParallelStackClassifier::perf_map_problems() const { return modules_->perf_maps().problems(); }
 
 }  // namespace gilscan

@@ -165,6 +165,23 @@ public:
     bool abandoned() const { return abandoned_; }
 
 private:
+    // One sleep's unwind, frame by frame (classify_into).
+    struct Walk {
+        const AddressSpace* as = nullptr;
+        SleepLabel* label = nullptr;
+        unsigned frames_kept = 0;
+        bool decided = false;
+        bool seeking_function = false;  // --gil-functions: past take_gil, looking for the JIT frame
+        bool cut = false;  // the answer's frames ran out undecided: "complete", as the unwinder says at its max
+        const AddrRange* py2_lock = nullptr;  // the frame before, py2_frame, was Python 2's PyThread_acquire_lock
+        Frame py2_frame;
+    };
+    FrameAction on_frame(Walk& w, const Frame& f);
+    void decide_py2(Walk& w, const Frame& f);
+    void decide_by_frame(Walk& w, const Frame& f);
+    // --sleep-stacks: the sleep's stack as trace text, kept once per distinct stack.
+    void keep_stack_text(const AddressSpace& as, const Sample& s, uint64_t layout, SleepLabel& label);
+    void count(UnwindStatus st, bool decided);
     bool maps_python(const AddressSpace& as);
     const std::string& user_frame_json(const AddressSpace& as, uint64_t layout, const Frame& f);
     const std::string& kernel_frame_json(uint64_t ip);

@@ -29,6 +29,7 @@
 #include "gilscan/perfdata/mapped_file.h"
 #include "gilscan/perfdata/event_ids.h"
 #include "gilscan/perfdata/ordering.h"
+#include "gilscan/perfdata/handoff.h"
 #include "gilscan/perfdata/record_stream.h"
 #include "gilscan/perfdata/sample.h"
 #include "gilscan/perfdata/tp_kind.h"
@@ -108,6 +109,9 @@ public:
     virtual void release(const void* note) = 0;
 };
 
+struct HandedBatch;
+class SessionReader;
+
 class Session {
 public:
     explicit Session(const std::string& path);
@@ -149,6 +153,13 @@ public:
     std::string clock() const;
 
 private:
+    friend class SessionReader;  // the reader of run() (reader.h)
+    // The stages' side of run(): a batch of records to the sink.
+    void consume(const HandedBatch& batch, EventSink& sink, const ChunkTable& origins);
+    // After run(): the reader's counts merged into stats_, and the warnings.
+    void merge_reader_stats(const SessionReader& rd, uint64_t begin, uint64_t end);
+    void warn_about_run();
+    void run_stages_beside_reader(SessionReader& rd, Handoff<HandedBatch>& handoff, EventSink& sink);
     void add_event(const PerfEventAttr& attr, std::vector<uint64_t> ids);
     void resolve_names_and_formats();
     // After an event's name or format may have changed: a new generation, its kinds again.
