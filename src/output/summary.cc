@@ -17,9 +17,10 @@ std::string iso8601_utc(int64_t ns) {
     return buf;
 }
 
-FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*>& threads,
-                          const std::unordered_set<int32_t>& pids, const GilTracker* gil, bool cpu_wide) {
-    FileSummary fs;
+namespace {
+
+// The file-level facts: where, when, what was recorded and lost.
+void add_file_facts(const Session& s, FileSummary& fs) {
     const DecodeStats& st = s.stats();
     fs.file = s.path();
     fs.clock = s.clock();
@@ -45,11 +46,18 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
     fs.truncated = st.truncated;
     for (size_t i = 0; i < st.samples_by_event.size(); ++i)
         if (st.samples_by_event[i]) fs.event_counts[s.events()[i].name] += st.samples_by_event[i];
+}
+
+// One row per thread, in (pid, tid) order, ties in first-seen order: the
+// sort moves 16-byte keys, not rows (a system-wide capture can have
+// 10^5-10^6 tids). GIL figures for every thread of a process that ran the
+// probed Python.
+void add_threads(const std::vector<const ThreadStats*>& threads, const std::unordered_set<int32_t>& pids,
+                 const GilTracker* gil, FileSummary& fs) {
+    const bool probes = gil && gil->seen_probes();
     std::unordered_set<int32_t> gil_pids;  // processes that ran the probed Python
-    if (gil && gil->seen_probes())
+    if (probes)
         for (const auto& gp : gil->processes()) gil_pids.insert(gp.pid);
-    // The rows in (pid, tid) order, ties in first-seen order: the sort moves
-    // 16-byte keys, not rows (a system-wide capture can have 10^5-10^6 tids).
     struct Row {
         int32_t pid, tid;
         const ThreadStats* t;
@@ -68,40 +76,42 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
     fs.threads.reserve(rows.size());
     for (const Row& row : rows) {
         const ThreadStats& t = *row.t;
-        const int32_t pid = row.pid;
         ThreadSummary ts;
         ts.st = t;
-        ts.st.tgid = pid;
+        ts.st.tgid = row.pid;
         ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
-        ts.main_thread = t.tid == pid;
-        if (gil && gil->seen_probes() && !t.replaced_by_exec) {
-            // GIL figures for every thread of a process that ran the probed Python.
-            if (gil_pids.count(pid)) {
-                const GilThreadStats* g = gil->thread(t.tid);
-                uint64_t wait = g ? g->wait_ns : 0, hold = g ? g->hold_ns : 0;
-                ts.gil_wait_ns = wait;
-                ts.gil_hold_ns = hold;
-                ts.no_gil_ns = ts.span_ns > wait + hold ? ts.span_ns - wait - hold : 0;
-                ts.gil_mask = g ? g->gil_mask : 0;
-            }
+        ts.main_thread = t.tid == row.pid;
+        if (probes && !t.replaced_by_exec && gil_pids.count(row.pid)) {
+            const GilThreadStats* g = gil->thread(t.tid);
+            uint64_t wait = g ? g->wait_ns : 0, hold = g ? g->hold_ns : 0;
+            ts.gil_wait_ns = wait;
+            ts.gil_hold_ns = hold;
+            ts.no_gil_ns = ts.span_ns > wait + hold ? ts.span_ns - wait - hold : 0;
+            ts.gil_mask = g ? g->gil_mask : 0;
         }
         fs.threads.push_back(std::move(ts));
     }
-    if (gil && gil->seen_probes()) {
-        fs.gil_probes = true;
-        fs.gil_probe_events = gil->probe_events();
-        for (const auto& gp : gil->processes())
-            if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
-        fs.gil_anomalies = gil->anomalies();
-        if (fs.gil_anomalies.implicit_drops)
-            fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
-                                  " GIL hold(s) ended by take_gil itself (drop_gil not probed on that path: inlined "
-                                  "in this build, e.g. at the eval breaker); held time ends when take_gil is entered");
-        if (fs.gil_anomalies.total())
-            fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
-                                  " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
-                                  "holders): usually lost events or probes placed mid-run");
-    }
+}
+
+// Per GIL: the uprobes' figures and anomalies.
+void add_gil_processes(const GilTracker& gil, const std::unordered_set<int32_t>& pids, FileSummary& fs) {
+    fs.gil_probes = true;
+    fs.gil_probe_events = gil.probe_events();
+    for (const auto& gp : gil.processes())
+        if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
+    fs.gil_anomalies = gil.anomalies();
+    if (fs.gil_anomalies.implicit_drops)
+        fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
+                              " GIL hold(s) ended by take_gil itself (drop_gil not probed on that path: inlined "
+                              "in this build, e.g. at the eval breaker); held time ends when take_gil is entered");
+    if (fs.gil_anomalies.total())
+        fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
+                              " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
+                              "holders): usually lost events or probes placed mid-run");
+}
+
+// Switch-ins the recording could not show (docs/figures.md, "Per-process recordings").
+void warn_hidden_switch_ins(bool cpu_wide, FileSummary& fs) {
     uint64_t hidden = 0;
     for (const auto& t : fs.threads) hidden += t.st.hidden_switch_ins;
     if (hidden && !cpu_wide)
@@ -118,6 +128,17 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
                               " switch-in(s) were not recorded in this system-wide recording (at its start or end on "
                               "a CPU, after lost events, on CPUs left out with -C, or not traced by the kernel); time "
                               "between a wake-up or preemption and running again counts as running there.");
+}
+
+}  // namespace
+
+FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*>& threads,
+                          const std::unordered_set<int32_t>& pids, const GilTracker* gil, bool cpu_wide) {
+    FileSummary fs;
+    add_file_facts(s, fs);
+    add_threads(threads, pids, gil, fs);
+    if (gil && gil->seen_probes()) add_gil_processes(*gil, pids, fs);
+    warn_hidden_switch_ins(cpu_wide, fs);
     return fs;
 }
 

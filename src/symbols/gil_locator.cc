@@ -360,46 +360,41 @@ uint64_t exported_address(const ElfFile& elf, std::string_view name) {
 
 bool is_python2(const ElfFile& elf) { return exported_address(elf, "PyString_FromString") != 0; }
 
-GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
-    GilLocation loc;
-    loc.binary = elf.path();
-    loc.build_id = elf.build_id();
-    loc.non_pie = elf.type() == 2;
-    // 1. By symbol (local functions, clones included, never a .cold part).
-    if (opt.use_symtab && elf.has_symtab()) {
-        std::set<uint64_t> seen;
-        for (const auto& s : elf.symbols()) {
-            if (s.dynamic || !s.defined || s.type != STT_FUNC || !s.value) continue;
-            std::string_view base = symbol_base_name(s.name);
-            if (base != "take_gil" && base != "drop_gil") continue;
-            if (s.name.find(".cold") != std::string_view::npos) continue;
-            if (!seen.insert(s.value).second) continue;
-            GilFunction f{std::string(s.name), s.value, s.size, "symbol", false};
-            (base == "take_gil" ? loc.take : loc.drop).push_back(f);
-        }
-        auto by_name = [](const GilFunction& a, const GilFunction& b) {
-            return a.name.size() != b.name.size() ? a.name.size() < b.name.size() : a.vaddr < b.vaddr;
-        };
-        std::sort(loc.take.begin(), loc.take.end(), by_name);
-        std::sort(loc.drop.begin(), loc.drop.end(), by_name);
-        if (!loc.take.empty()) {
-            loc.from_symbols = true;
-            if (loc.drop.empty()) loc.notes.push_back("no drop_gil symbol: it is inlined into its callers");
-            return loc;
-        }
+namespace {
+
+// 1. By symbol (local functions, clones included, never a .cold part).
+// true: take_gil was found.
+bool locate_by_symbols(const ElfFile& elf, GilLocation& loc) {
+    std::set<uint64_t> seen;
+    for (const auto& s : elf.symbols()) {
+        if (s.dynamic || !s.defined || s.type != STT_FUNC || !s.value) continue;
+        std::string_view base = symbol_base_name(s.name);
+        if (base != "take_gil" && base != "drop_gil") continue;
+        if (s.name.find(".cold") != std::string_view::npos) continue;
+        if (!seen.insert(s.value).second) continue;
+        GilFunction f{std::string(s.name), s.value, s.size, "symbol", false};
+        (base == "take_gil" ? loc.take : loc.drop).push_back(f);
     }
-    // 2. Without symbols: follow the exported callers.
-    if (!capstone_lib().open) {
-        loc.notes.push_back("cannot disassemble: " + capstone_lib().error + " (install the capstone library)");
-        return loc;
-    }
-    auto plt = plt_stub_names(elf);
-    if (plt.empty()) loc.notes.push_back("no PLT imports resolved: cannot recognise pthread calls");
+    auto by_name = [](const GilFunction& a, const GilFunction& b) {
+        return a.name.size() != b.name.size() ? a.name.size() < b.name.size() : a.vaddr < b.vaddr;
+    };
+    std::sort(loc.take.begin(), loc.take.end(), by_name);
+    std::sort(loc.drop.begin(), loc.drop.end(), by_name);
+    if (loc.take.empty()) return false;
+    loc.from_symbols = true;
+    if (loc.drop.empty()) loc.notes.push_back("no drop_gil symbol: it is inlined into its callers");
+    return true;
+}
+
+// 2a. take_gil: the function reached from the exported GIL takers whose own
+// body waits on a condition variable with a timeout. Returns its address
+// (0: not found, said in the notes).
+uint64_t locate_take(const ElfFile& elf, const std::map<uint64_t, std::string>& plt, GilLocation& loc) {
     auto take_roots = roots_of(elf, {"PyEval_RestoreThread", "PyEval_AcquireThread", "PyEval_AcquireLock"});
     if (take_roots.empty()) {
         loc.notes.push_back("not a CPython binary: none of PyEval_RestoreThread, PyEval_AcquireThread, "
                             "PyEval_AcquireLock is exported here (try the libpython it loads)");
-        return loc;
+        return 0;
     }
     auto waits = [](const CallScan& s) {
         return has_any(s.imports, {"pthread_cond_timedwait", "pthread_cond_clockwait"}) &&
@@ -426,7 +421,7 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
         else
             loc.notes.push_back("take_gil not found: no function reached from the exported GIL callers waits on a "
                                 "condition variable with a timeout");
-        return loc;
+        return 0;
     }
     const Found& t = takes.front();
     Extent te = extent_of(elf, t.addr);
@@ -452,7 +447,12 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
                 loc.take.push_back(GilFunction{rn, ra, e.end - e.start, "take_gil inlined into " + rn, true});
                 loc.notes.push_back("take_gil is also inlined into " + rn + ": probing its entry and return too");
             }
+    return t.addr;
+}
 
+// 2b. drop_gil: the function reached from the exported GIL droppers that
+// signals a condition variable and never waits with a timeout.
+void locate_drop(const ElfFile& elf, const std::map<uint64_t, std::string>& plt, uint64_t take, GilLocation& loc) {
     auto drop_roots = roots_of(elf, {"PyEval_SaveThread", "PyEval_ReleaseThread", "PyEval_ReleaseLock"});
     auto signals = [](const CallScan& s) {
         return has_any(s.imports, {"pthread_cond_signal", "pthread_cond_broadcast"}) &&
@@ -460,17 +460,17 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
                !has_any(s.imports, {"pthread_cond_timedwait", "pthread_cond_clockwait"});
     };
     auto drops = search(elf, drop_roots, 4, plt, signals);
-    std::erase_if(drops, [&](const Found& f) { return f.addr == t.addr; });
+    std::erase_if(drops, [&](const Found& f) { return f.addr == take; });
     if (drops.empty()) {
         loc.notes.push_back("drop_gil not found as a function (inlined into its callers): GIL hold ends are not "
                             "probed; GIL wait still is");
-        return loc;
+        return;
     }
     const Found& d = drops.front();
     std::string dn = exported_name(elf, d.addr);
     if (!dn.empty()) {
         loc.notes.push_back("drop_gil is inlined into " + dn + ": no drop_gil probe placed; GIL wait is still measured");
-        return loc;
+        return;
     }
     Extent de = extent_of(elf, d.addr);
     loc.drop.push_back(GilFunction{"drop_gil", d.addr, de.end - de.start, "called from " + join(d.roots), false});
@@ -484,6 +484,24 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
                 loc.notes.push_back("drop_gil is inlined into " + rn + ": probing " + rn +
                                     " entry and return as drop_gil on that path");
             }
+}
+
+}  // namespace
+
+GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
+    GilLocation loc;
+    loc.binary = elf.path();
+    loc.build_id = elf.build_id();
+    loc.non_pie = elf.type() == 2;
+    if (opt.use_symtab && elf.has_symtab() && locate_by_symbols(elf, loc)) return loc;
+    // 2. Without symbols: follow the exported callers.
+    if (!capstone_lib().open) {
+        loc.notes.push_back("cannot disassemble: " + capstone_lib().error + " (install the capstone library)");
+        return loc;
+    }
+    auto plt = plt_stub_names(elf);
+    if (plt.empty()) loc.notes.push_back("no PLT imports resolved: cannot recognise pthread calls");
+    if (const uint64_t take = locate_take(elf, plt, loc)) locate_drop(elf, plt, take, loc);
     return loc;
 }
 

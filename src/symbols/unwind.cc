@@ -311,6 +311,66 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
     return sp.get();
 }
 
+namespace {
+
+// The frame-pointer step of elfutils' x86_64_unwind (0.188,
+// backends/x86_64_unwind.c): the caller's fp and return address saved at fp,
+// its sp above them. false: no caller (libdw's walk ends in an error there).
+[[gnu::always_inline]] inline bool step_by_frame_pointer(DwarfUnwinder::Current* cur, uint64_t* regs, uint32_t& have) {
+    constexpr int kFp = 6, kSp = 7;
+    if (!((have >> kFp) & 1) || regs[kFp] == 0) return false;
+    uint64_t fp = regs[kFp];
+    const uint64_t old_sp = ((have >> kSp) & 1) ? regs[kSp] : 0;
+    Dwarf_Word prev_fp = 0, ret = 0;
+    if (!read_word(cur, fp, &prev_fp)) prev_fp = 0;
+    if (!read_word(cur, fp + 8, &ret)) return false;
+    fp += 16;
+    if (old_sp >= fp) return false;  // the stack pointer did not move up: no frame
+    // The caller knows only these (libdw's unwound frame starts with none set).
+    regs[kFp] = prev_fp;
+    regs[kSp] = fp;
+    regs[CfiRule::kRa] = ret;
+    have = 1u << kFp | 1u << kSp | 1u << CfiRule::kRa;
+    return true;
+}
+
+// One step by a cached rule: the caller's registers, in place. Each is
+// computed from the CFA (worked out from this frame's registers) or from
+// memory, or is this frame's unchanged (`same`, which stay where they are).
+// A register whose value becomes unknown keeps a stale value that nothing
+// reads (its bit is clear). Memory is read in register order, as libdw does.
+// false: the outermost frame (the return address undefined, unset,
+// unreadable, or zero).
+[[gnu::always_inline]] inline bool step_by_rule(DwarfUnwinder::Current* cur, const CfiRule& rule, uint64_t* regs,
+                                                uint32_t& have) {
+    // Without the CFA's register every CFA-relative register is unknown in
+    // the caller (libdw's expression evaluation fails for each).
+    const bool cfa_known = (have >> rule.cfa_reg) & 1;
+    const uint64_t cfa = regs[rule.cfa_reg] + static_cast<uint64_t>(rule.cfa_offset);
+    uint32_t next_have = have & rule.same;
+    if (cfa_known) {
+        for (uint32_t m = rule.at_cfa | rule.val_cfa; m; m &= m - 1) {
+            const int r = __builtin_ctz(m);
+            const uint64_t at = cfa + static_cast<uint64_t>(rule.reg_offset[r]);
+            if ((rule.val_cfa >> r) & 1) {
+                regs[r] = at;
+                next_have |= 1u << r;
+                continue;
+            }
+            Dwarf_Word w = 0;
+            if (read_word(cur, at, &w)) {
+                regs[r] = w;
+                next_have |= 1u << r;
+            }
+        }
+    }
+    if (!((next_have >> CfiRule::kRa) & 1) || regs[CfiRule::kRa] == 0) return false;
+    have = next_have;
+    return true;
+}
+
+}  // namespace
+
 // Frames by cached CFI rules, exactly as libdw's handle_cfi would compute
 // them from the same rules (registers 0..16; CFA = register + offset; each
 // caller register undefined, same, at CFA + n or CFA + n). On the first frame
@@ -363,21 +423,8 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
             if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;
             if (++delivered >= max_frames) return UnwindStatus::Complete;
             // Where the step fails libdw's walk ends in an error.
-            const UnwindStatus failed = delivered >= 2 ? UnwindStatus::StoppedEarly : UnwindStatus::Failed;
-            constexpr int kFp = 6, kSp = 7;
-            if (!((have >> kFp) & 1) || regs[kFp] == 0) return failed;
-            uint64_t fp = regs[kFp];
-            const uint64_t old_sp = ((have >> kSp) & 1) ? regs[kSp] : 0;
-            Dwarf_Word prev_fp = 0, ret = 0;
-            if (!read_word(&cur, fp, &prev_fp)) prev_fp = 0;
-            if (!read_word(&cur, fp + 8, &ret)) return failed;
-            fp += 16;
-            if (old_sp >= fp) return failed;  // the stack pointer did not move up: no frame
-            // The caller knows only these (libdw's unwound frame starts with none set).
-            regs[kFp] = prev_fp;
-            regs[kSp] = fp;
-            regs[CfiRule::kRa] = ret;
-            have = 1u << kFp | 1u << kSp | 1u << CfiRule::kRa;
+            if (!step_by_frame_pointer(&cur, regs, have))
+                return delivered >= 2 ? UnwindStatus::StoppedEarly : UnwindStatus::Failed;
             continue;
         }
         if (rule.kind != CfiRule::Simple) {
@@ -399,37 +446,7 @@ std::optional<UnwindStatus> DwarfUnwinder::unwind_fast(Space& sp, const std::fun
         ++fast_frames_;
         if (cb(make_frame(&cur, pc, delivered, sp.dwfl)) == FrameAction::Stop) return UnwindStatus::Stopped;
         if (++delivered >= max_frames) return UnwindStatus::Complete;
-        // Without the CFA's register every CFA-relative register is unknown
-        // in the caller (libdw's expression evaluation fails for each).
-        const bool cfa_known = (have >> rule.cfa_reg) & 1;
-        const uint64_t cfa = regs[rule.cfa_reg] + static_cast<uint64_t>(rule.cfa_offset);
-        // The caller's registers, in place: each is computed from the CFA
-        // (worked out above from this frame's registers) or from memory, or
-        // is this frame's unchanged (`same`, which stay where they are). A
-        // register whose value becomes unknown keeps a stale value that
-        // nothing reads (its bit is clear). Memory is read in register order,
-        // as libdw does.
-        uint32_t next_have = have & rule.same;
-        if (cfa_known) {
-            for (uint32_t m = rule.at_cfa | rule.val_cfa; m; m &= m - 1) {
-                const int r = __builtin_ctz(m);
-                const uint64_t at = cfa + static_cast<uint64_t>(rule.reg_offset[r]);
-                if ((rule.val_cfa >> r) & 1) {
-                    regs[r] = at;
-                    next_have |= 1u << r;
-                    continue;
-                }
-                Dwarf_Word w = 0;
-                if (read_word(&cur, at, &w)) {
-                    regs[r] = w;
-                    next_have |= 1u << r;
-                }
-            }
-        }
-        // The outermost frame: the return address is undefined (or unset, or
-        // unreadable: left out of next_have above), or zero.
-        if (!((next_have >> CfiRule::kRa) & 1) || regs[CfiRule::kRa] == 0) return UnwindStatus::Complete;
-        have = next_have;
+        if (!step_by_rule(&cur, rule, regs, have)) return UnwindStatus::Complete;
     }
 }
 
