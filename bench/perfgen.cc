@@ -17,132 +17,12 @@
 // generated process gets the template Python's mappings, so the copied
 // stacks unwind exactly as they did in the template. Records are encoded by
 // test/support/perf_encode.h, the tests' writer's encoder.
-#include <cstdint>
-#include <deque>
-#include <cstdio>
-#include <algorithm>
-#include <cstring>
+#include "perfgen.h"
+
 #include <random>
 #include <set>
-#include <string>
-#include <vector>
 
-#include <zstd.h>
-
-#include "gilscan/perfdata/header.h"
-#include "gilscan/perfdata/perf_abi.h"
-#include "gilscan/perfdata/sample.h"
-#include "gilscan/sched/sched_events.h"
-#include "gilscan/perfdata/session.h"
-#include "perf_encode.h"
-
-using namespace gilscan;
-using gilscan::test::Out;
-
-namespace {
-
-struct Args {
-    std::string tmpl, out = "perfgen.data";
-    unsigned cpus = 8, threads = 64, processes = 0;
-    int32_t pid_base = 100000;  // first pid; on machines with pid_max = 2^22 tids run into the millions
-    double seconds = 0;
-    uint64_t events = 100000;
-    bool pipe = false, zstd = false, stacks = false;
-    uint64_t seed = 42;
-};
-
-// --processes, or one process per 16 threads.
-unsigned processes_of(const Args& a) { return a.processes ? a.processes : std::max(1u, a.threads / 16); }
-
-
-struct Ev {  // one template event and how to fill its payload
-    int index = -1;
-    PerfEventAttr attr;
-    uint64_t id = 0;
-    const TpFormat* fmt = nullptr;
-};
-
-// A copied stack sample (template sched_switch into S of a Python thread).
-struct StackCopy {
-    uint64_t ip = 0;
-    std::vector<uint64_t> callchain;  // the ips
-    uint64_t regs_abi = 0;
-    std::vector<uint64_t> regs;
-    std::vector<uint8_t> stack;       // the dyn_size valid bytes
-    uint64_t stack_size = 0;          // the size field
-    uint64_t addr = 0, data_src = 0;
-};
-
-class Template {
-public:
-    explicit Template(const std::string& path) : s(path) {
-        struct Null : EventSink {
-            Template* t;
-            void on_sample(const Sample& smp, const EventInfo& ev) override { t->sample(smp, ev); }
-            void on_mmap(const MmapEvent& e) override { t->mmap(e); }
-        } n;
-        n.t = this;
-        // Keep the raw MMAP2 records of the template's Python process (file order).
-        s.run(n);
-        for (const auto& ev : s.events()) {
-            Ev e;
-            e.index = ev.index;
-            e.attr = ev.attr;
-            e.fmt = ev.format;
-            std::string name = ev.name;
-            std::string base = name.substr(name.find(':') + 1);
-            if (name == "sched:sched_switch") sw = e;
-            else if (name == "sched:sched_waking") waking = e;
-            else if (name == "sched:sched_wakeup") wakeup = e;
-            else if (name == "sched:sched_process_fork") fork = e;
-            else if (base == "take_gil") take = e;
-            else if (base == "take_gil__return") take_ret = e;
-            else if (base == "drop_gil") drop = e;
-            else if (base == "drop_gil__return") drop_ret = e;
-        }
-        // The first id perf gave each event (from the attrs' ids sections), read once.
-        MappedFile f(s.path());
-        auto attrs = read_attrs(f.bytes(), s.header(), s.path());
-        for (Ev* e : {&sw, &waking, &wakeup, &fork, &take, &take_ret, &drop, &drop_ret})
-            if (e->index >= 0 && !attrs[static_cast<size_t>(e->index)].ids.empty())
-                e->id = attrs[static_cast<size_t>(e->index)].ids[0];
-    }
-
-    void sample(const Sample& smp, const EventInfo& ev) {
-        if (ev.name != "sched:sched_switch" || smp.stack_user.empty() || smp.regs_user_abi == 0) return;
-        SchedSwitch x;
-        if (!dec.decode(smp, ev, s.swap(), x) || x.prev_state != 1) return;
-        if (python_pid == 0) python_pid = smp.pid;
-        if (smp.pid != python_pid) return;
-        StackCopy c;
-        c.ip = smp.ip;
-        c.addr = smp.addr;
-        c.data_src = smp.data_src;
-        for (size_t k = 0; k < smp.callchain.size(); ++k) c.callchain.push_back(smp.callchain[k]);
-        c.regs_abi = smp.regs_user_abi;
-        for (size_t k = 0; k < smp.regs_user.size(); ++k) c.regs.push_back(smp.regs_user[k]);
-        c.stack.assign(smp.stack_user.begin(), smp.stack_user.end());
-        c.stack_size = smp.stack_user_size;
-        if (stacks.size() < 4096) stacks.push_back(std::move(c));
-    }
-
-    void mmap(const MmapEvent& e) {
-        if (!(e.mmap2 && e.executable && e.filename.size() && e.filename[0] == '/')) return;
-        // The record's bytes are only valid during delivery: keep the name.
-        names.emplace_back(e.filename);
-        MmapEvent m = e;
-        m.filename = names.back();
-        maps.push_back(m);
-    }
-
-    Session s;
-    TracepointDecoder dec;
-    Ev sw, waking, wakeup, fork, take, take_ret, drop, drop_ret;
-    std::vector<StackCopy> stacks;
-    std::vector<MmapEvent> maps;
-    std::deque<std::string> names;  // what maps' filenames point at
-    int32_t python_pid = 0;
-};
+namespace perfgen {
 
 enum class St { Runnable, RunNoGil, InTake, HoldGil, Sleeping, GilSleep };
 
@@ -485,213 +365,23 @@ private:
     uint64_t samples_ = 0;
 };
 
-[[noreturn]] void usage(const char* why) {
-    std::fprintf(stderr,
-                 "perfgen: %s\nusage: perfgen [--template F] [--cpus N] [--threads N] [--processes N] [--pid-base N]\n"
-                 "               [--seconds S | --events N] [--pipe] [-z] [--stacks] [--seed N] -o OUT\n",
-                 why);
-    std::exit(2);
-}
+}  // namespace perfgen
 
-}  // namespace
+using namespace perfgen;
 
 int main(int argc, char** argv) {
-    Args a;
-    for (int i = 1; i < argc; ++i) {
-        std::string s = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) usage("missing value");
-            return argv[++i];
-        };
-        if (s == "--template") a.tmpl = val();
-        else if (s == "--cpus") a.cpus = static_cast<unsigned>(std::stoul(val()));
-        else if (s == "--threads") a.threads = static_cast<unsigned>(std::stoul(val()));
-        else if (s == "--processes") a.processes = static_cast<unsigned>(std::stoul(val()));
-        else if (s == "--pid-base") a.pid_base = static_cast<int32_t>(std::stol(val()));
-        else if (s == "--seconds") a.seconds = std::stod(val());
-        else if (s == "--events") a.events = std::stoull(val());
-        else if (s == "--seed") a.seed = std::stoull(val());
-        else if (s == "--pipe") a.pipe = true;
-        else if (s == "-z") a.zstd = true;
-        else if (s == "--stacks") a.stacks = true;
-        else if (s == "-o") a.out = val();
-        else usage(("unknown option " + s).c_str());
-    }
-    if (a.cpus == 0 || a.threads == 0) usage("--cpus and --threads must be positive");
-    {
-        // pids are pid_base + 1000 * process, tids count up from there (4194304 = pid_max's limit).
-        const unsigned nproc = processes_of(a);
-        const int64_t last = int64_t{a.pid_base} + int64_t{1000} * nproc;
-        if (a.pid_base <= 0 || last >= (int64_t{1} << 22) || (a.threads - 1) / nproc >= 1000)
-            usage("--pid-base: pids must stay in 1..4194303, at most 1000 threads per process");
-    }
-    if (a.tmpl.empty())
-        a.tmpl = std::string(GILSCAN_TESTDATA) + (a.stacks ? "/stacks_py311.data" : "/gil_combined.data");
+    const Args a = parse_args(argc, argv);
     try {
         Template t(a.tmpl);
         if (!t.sw.fmt) usage("the template has no sched:sched_switch");
         if (a.stacks && t.stacks.empty()) usage("--stacks needs a template whose sched_switch carries user stacks");
-        MappedFile tf(a.tmpl);
-        FileHeader th = read_file_header(tf.bytes(), a.tmpl);
-        if (th.pipe) usage("the template must be a file-mode recording");
-        auto attrs = read_attrs(tf.bytes(), th, a.tmpl);
-        auto feats = read_feature_table(tf.bytes(), th, a.tmpl);
-
-        FILE* out = std::fopen(a.out.c_str(), "wb");
-        if (!out) usage("cannot write the output");
-        auto write = [&](const void* p, size_t n) {
-            if (n && std::fwrite(p, 1, n, out) != n) usage("write failed");
-        };
-        uint64_t data_bytes = 0;
-        // zstd: one streaming context for the whole file, COMPRESSED records
-        // of at most mmap_len input bytes, so records straddle chunks as in perf -z.
-        const size_t kMmapLen = 528384;
-        ZSTD_CCtx* cctx = a.zstd ? ZSTD_createCCtx() : nullptr;
-        std::vector<uint8_t> pending;
-        // One zstd frame per chunk, split over COMPRESSED records (a record is < 64 KiB).
-        auto compress_chunk = [&](const uint8_t* data, size_t n) {
-            std::vector<uint8_t> comp(ZSTD_compressBound(n) + 64);
-            ZSTD_inBuffer in{data, n, 0};
-            ZSTD_outBuffer ob{comp.data(), comp.size(), 0};
-            while (ZSTD_compressStream2(cctx, &ob, &in, ZSTD_e_end) != 0) {}
-            for (size_t p = 0; p < ob.pos; p += 65000) {
-                size_t len = std::min<size_t>(65000, ob.pos - p);
-                const auto r = test::record_bytes(false, PERF_RECORD_COMPRESSED, 0, {comp.data() + p, len});
-                write(r.data(), r.size());
-                data_bytes += r.size();
-            }
-        };
-        auto emit_data = [&](const std::vector<uint8_t>& bytes) {
-            if (!a.zstd) {
-                write(bytes.data(), bytes.size());
-                data_bytes += bytes.size();
-                return;
-            }
-            pending.insert(pending.end(), bytes.begin(), bytes.end());
-            size_t off = 0;
-            while (pending.size() - off >= kMmapLen / 2) {
-                size_t n = std::min(pending.size() - off, kMmapLen / 2);
-                compress_chunk(pending.data() + off, n);
-                off += n;
-            }
-            pending.erase(pending.begin(), pending.begin() + static_cast<long>(off));
-        };
-
-        std::vector<uint8_t> header(a.pipe ? 16 : 104, 0);
-        std::memcpy(header.data(), "PERFILE2", 8);
-        uint64_t hs = a.pipe ? 16 : 104;
-        std::memcpy(header.data() + 8, &hs, 8);
-        write(header.data(), header.size());
-        uint64_t attrs_off = 0, ids_base = header.size();
-        if (a.pipe) {
-            // Attrs, tracing data and features as records.
-            for (const auto& ea : attrs) {
-                Out body;
-                // the attr bytes exactly as in the template
-                const uint8_t* ap = tf.bytes().data() + th.attrs.offset + (&ea - attrs.data()) * th.attr_size;
-                body.bytes(ap, ea.attr.size);
-                for (uint64_t id : ea.ids) body.put<uint64_t>(id);
-                const auto r = test::record_bytes(false, PERF_RECORD_HEADER_ATTR, 0, body.b);
-                write(r.data(), r.size());
-            }
-            for (const auto& f : feats) {
-                Bytes fb = tf.bytes().subspan(f.section.offset, f.section.size);
-                if (f.feature == HEADER_TRACING_DATA) {
-                    Out r;
-                    r.put<uint32_t>(PERF_RECORD_HEADER_TRACING_DATA);
-                    r.put<uint16_t>(0);
-                    r.put<uint16_t>(12);
-                    size_t padded = (fb.size() + 7) / 8 * 8;
-                    r.put<uint32_t>(static_cast<uint32_t>(padded));
-                    r.bytes(fb.data(), fb.size());
-                    r.b.resize(r.b.size() + padded - fb.size(), 0);
-                    write(r.b.data(), r.b.size());
-                } else if (f.feature == HEADER_EVENT_DESC || f.feature == HEADER_CMDLINE ||
-                           f.feature == HEADER_HOSTNAME || f.feature == HEADER_CLOCKID || f.feature == HEADER_CLOCK_DATA) {
-                    if (fb.size() + 16 > 65535) continue;
-                    Out body;
-                    body.put<uint64_t>(f.feature);
-                    body.bytes(fb.data(), fb.size());
-                    body.pad(8);
-                    const auto r = test::record_bytes(false, PERF_RECORD_HEADER_FEATURE, 0, body.b);
-                    write(r.data(), r.size());
-                }
-            }
-            if (a.zstd) {
-                Out body;
-                body.put<uint64_t>(HEADER_COMPRESSED);
-                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen), 0u}) body.put<uint32_t>(x);
-                const auto r = test::record_bytes(false, PERF_RECORD_HEADER_FEATURE, 0, body.b);
-                write(r.data(), r.size());
-            }
-        } else {
-            // ids sections, then the attrs section (attr bytes as in the template).
-            std::vector<uint64_t> ids_off;
-            Out ids;
-            for (const auto& ea : attrs) {
-                ids_off.push_back(ids_base + ids.b.size());
-                for (uint64_t id : ea.ids) ids.put<uint64_t>(id);
-            }
-            write(ids.b.data(), ids.b.size());
-            attrs_off = ids_base + ids.b.size();
-            Out as;
-            for (size_t k = 0; k < attrs.size(); ++k) {
-                const uint8_t* ap = tf.bytes().data() + th.attrs.offset + k * th.attr_size;
-                as.bytes(ap, th.attr_size - 16);
-                as.put<uint64_t>(ids_off[k]);
-                as.put<uint64_t>(attrs[k].ids.size() * 8);
-            }
-            write(as.b.data(), as.b.size());
-            uint64_t data_off = attrs_off + as.b.size();
-            // header fields filled in at the end
-            header.resize(104);
-            uint64_t v[5] = {th.attr_size, attrs_off, as.b.size(), data_off, 0};
-            std::memcpy(header.data() + 16, &v[0], 8);
-            std::memcpy(header.data() + 24, &v[1], 8);
-            std::memcpy(header.data() + 32, &v[2], 8);
-            std::memcpy(header.data() + 40, &v[3], 8);
-        }
+        FileWriter out(a, a.tmpl);
+        out.begin();
         Gen g(a, t);
-        g.run(emit_data);
-        if (a.zstd && !pending.empty()) compress_chunk(pending.data(), pending.size());  // the tail
-        if (cctx) ZSTD_freeCCtx(cctx);
-        if (!a.pipe) {
-            // Features after the data: the template's, plus COMPRESSED for -z.
-            std::vector<std::pair<unsigned, std::vector<uint8_t>>> fs;
-            for (const auto& f : feats) {
-                if (f.feature == HEADER_COMPRESSED || f.feature == HEADER_SAMPLE_TIME) continue;
-                Bytes fb = tf.bytes().subspan(f.section.offset, f.section.size);
-                if (f.feature == HEADER_BUILD_ID) continue;  // the generated pids do not match
-                fs.emplace_back(f.feature, std::vector<uint8_t>(fb.begin(), fb.end()));
-            }
-            if (a.zstd) {
-                Out c;
-                for (uint32_t x : {1u, 1u, 1u, 10u, static_cast<uint32_t>(kMmapLen)}) c.put<uint32_t>(x);
-                fs.emplace_back(HEADER_COMPRESSED, c.b);
-            }
-            std::sort(fs.begin(), fs.end(), [](auto& x, auto& y) { return x.first < y.first; });
-            uint64_t data_off;
-            std::memcpy(&data_off, header.data() + 40, 8);
-            uint64_t table = data_off + data_bytes;
-            uint64_t payload = table + fs.size() * 16;
-            Out tab;
-            for (auto& f : fs) {
-                tab.put<uint64_t>(payload);
-                tab.put<uint64_t>(f.second.size());
-                payload += f.second.size();
-            }
-            write(tab.b.data(), tab.b.size());
-            for (auto& f : fs) write(f.second.data(), f.second.size());
-            std::memcpy(header.data() + 48, &data_bytes, 8);
-            uint64_t bits[4] = {};
-            for (auto& f : fs) bits[f.first / 64] |= 1ull << (f.first % 64);
-            std::memcpy(header.data() + 72, bits, sizeof bits);
-            std::fseek(out, 0, SEEK_SET);
-            write(header.data(), 104);
-        }
-        std::fclose(out);
+        g.run([&out](const std::vector<uint8_t>& bytes) { out.data(bytes); });
+        out.end();
         std::fprintf(stderr, "perfgen: %s: %llu samples, %llu data bytes%s%s%s\n", a.out.c_str(),
-                     static_cast<unsigned long long>(g.samples()), static_cast<unsigned long long>(data_bytes),
+                     static_cast<unsigned long long>(g.samples()), static_cast<unsigned long long>(out.data_bytes()),
                      a.pipe ? ", pipe mode" : "", a.zstd ? ", zstd" : "", a.stacks ? ", with stacks" : "");
     } catch (const Error& e) {
         std::fprintf(stderr, "perfgen: %s\n", e.what());
