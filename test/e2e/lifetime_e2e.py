@@ -21,7 +21,11 @@ from checklib import check, done  # noqa: E402
 GILSCAN, DATA = (os.path.abspath(a) for a in sys.argv[1:3])
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3.11"
-SPAN_SLACK_NS = 1_000_000   # a thread's span within 1 ms of its real life
+SPAN_SLACK_NS = 1_000_000   # a thread's span starts within 1 ms of its creation
+# and ends within 6 ms of its function's return: the thread then takes the
+# GIL once more to finish (its bootstrap's last Python code), behind threads
+# that may each hold it for a switch interval (5 ms).
+END_SLACK_NS = 6_000_000
 GIL_TOLERANCE = 0.005       # GIL figures within 0.5% of the truth
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -54,11 +58,11 @@ with tempfile.TemporaryDirectory() as tmp:
             continue
         # The thread lives from its clone, right after it was created (its
         # function starts only once it has the GIL), to its exit, right
-        # after its function ends: the span is that, within a millisecond.
+        # after its function ends: the span is that (END_SLACK_NS).
         starts_after = t["first_ns"] - real["created_ns"]
         ends_after = t["last_ns"] - real["end_ns"]
-        check(0 <= starts_after <= SPAN_SLACK_NS and t["first_ns"] <= real["start_ns"] and 0 <= ends_after <= SPAN_SLACK_NS,
-              f"{name}: span {t['first_ns']}..{t['last_ns']} within 1 ms of its life {real['created_ns']}..{real['end_ns']}"
+        check(0 <= starts_after <= SPAN_SLACK_NS and t["first_ns"] <= real["start_ns"] and 0 <= ends_after <= END_SLACK_NS,
+              f"{name}: span {t['first_ns']}..{t['last_ns']} within its life {real['created_ns']}..{real['end_ns']}"
               f" (starts {starts_after} ns after its creation, ends {ends_after} ns after its function)")
         accounted = t["running_us"] + t["runnable_us"] + t["sleep_us"] + t["disk_sleep_us"] + t["other_state_us"] + \
             t["unknown_us"]
