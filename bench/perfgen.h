@@ -157,10 +157,14 @@ public:
 
     // Everything before the data section.
     void begin() {
-        header_.assign(a_.pipe ? 16 : 104, 0);
-        std::memcpy(header_.data(), "PERFILE2", 8);
-        const uint64_t hs = header_.size();
-        std::memcpy(header_.data() + 8, &hs, 8);
+        if (a_.pipe) {
+            header_.assign(16, 0);
+            std::memcpy(header_.data(), "PERFILE2", 8);
+            const uint64_t hs = 16;
+            std::memcpy(header_.data() + 8, &hs, 8);
+        } else {
+            header_ = test::file_header_bytes(false, {});  // written again at the end, filled in
+        }
         write(header_.data(), header_.size());
         if (a_.pipe) pipe_header_records();
         else attrs_section();
@@ -277,14 +281,13 @@ private:
         }
         write(as.b.data(), as.b.size());
         data_off_ = attrs_off + as.b.size();
-        const uint64_t v[4] = {th_.attr_size, attrs_off, as.b.size(), data_off_};
-        std::memcpy(header_.data() + 16, v, sizeof v);
+        layout_ = {th_.attr_size, attrs_off, as.b.size(), data_off_, 0, {}};
     }
     // File mode: the template's features after the data (not its build-ids:
     // the generated pids do not match), plus COMPRESSED for -z; then the
     // header with the data size and the feature bits.
     void features_section() {
-        std::vector<std::pair<unsigned, std::vector<uint8_t>>> fs;
+        test::FeatureBytes fs;
         for (const auto& f : feats_) {
             if (f.feature == HEADER_COMPRESSED || f.feature == HEADER_SAMPLE_TIME || f.feature == HEADER_BUILD_ID) continue;
             Bytes fb = tf_.bytes().subspan(f.section.offset, f.section.size);
@@ -292,20 +295,11 @@ private:
         }
         if (a_.zstd) fs.emplace_back(HEADER_COMPRESSED, compressed_feature(false));
         std::sort(fs.begin(), fs.end(), [](auto& x, auto& y) { return x.first < y.first; });
-        const uint64_t table = data_off_ + data_bytes_;
-        uint64_t payload = table + fs.size() * 16;
-        Out tab;
-        for (auto& f : fs) {
-            tab.put<uint64_t>(payload);
-            tab.put<uint64_t>(f.second.size());
-            payload += f.second.size();
-        }
-        write(tab.b.data(), tab.b.size());
-        for (auto& f : fs) write(f.second.data(), f.second.size());
-        std::memcpy(header_.data() + 48, &data_bytes_, 8);
-        uint64_t bits[4] = {};
-        for (auto& f : fs) bits[f.first / 64] |= 1ull << (f.first % 64);
-        std::memcpy(header_.data() + 72, bits, sizeof bits);
+        const std::vector<uint8_t> sections = test::feature_sections(false, data_off_ + data_bytes_, fs);
+        write(sections.data(), sections.size());
+        layout_.data_size = data_bytes_;
+        for (auto& f : fs) layout_.features.push_back(f.first);
+        header_ = test::file_header_bytes(false, layout_);
         std::fseek(out_, 0, SEEK_SET);
         write(header_.data(), 104);
     }
@@ -319,6 +313,7 @@ private:
     ZSTD_CCtx* cctx_ = nullptr;
     std::vector<uint8_t> header_, pending_;
     uint64_t data_off_ = 0, data_bytes_ = 0;
+    test::FileLayout layout_;
 };
 
 

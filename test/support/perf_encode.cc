@@ -172,4 +172,36 @@ std::vector<uint8_t> tracepoint_raw(const TpFormat& f, bool swap, std::span<cons
     return r;
 }
 
+std::vector<uint8_t> file_header_bytes(bool swap, const FileLayout& l) {
+    Out o;
+    o.swap = swap;
+    o.b.resize(104, 0);
+    std::memcpy(o.b.data(), "PERFILE2", 8);
+    if (swap) std::reverse(o.b.begin(), o.b.begin() + 8);
+    o.patch<uint64_t>(8, 104);
+    o.patch<uint64_t>(16, l.attr_size);
+    o.patch<uint64_t>(24, l.attrs_offset);
+    o.patch<uint64_t>(32, l.attrs_size);
+    o.patch<uint64_t>(40, l.data_offset);
+    o.patch<uint64_t>(48, l.data_size);
+    uint64_t bits[4] = {};
+    for (unsigned f : l.features)
+        if (f < 256) bits[f / 64] |= uint64_t{1} << (f % 64);
+    for (int k = 0; k < 4; ++k) o.patch<uint64_t>(72 + 8 * static_cast<size_t>(k), bits[k]);
+    return std::move(o.b);
+}
+
+std::vector<uint8_t> feature_sections(bool swap, uint64_t table_offset, const FeatureBytes& sections) {
+    Out o;
+    o.swap = swap;
+    uint64_t payload = table_offset + sections.size() * 16;
+    for (const auto& s : sections) {
+        o.put<uint64_t>(payload);
+        o.put<uint64_t>(s.second.size());
+        payload += s.second.size();
+    }
+    for (const auto& s : sections) o.bytes(s.second.data(), s.second.size());
+    return std::move(o.b);
+}
+
 }  // namespace gilscan::test

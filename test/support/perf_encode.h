@@ -120,4 +120,19 @@ struct RawValue {
 };
 std::vector<uint8_t> tracepoint_raw(const TpFormat& f, bool swap, std::span<const RawValue> values, bool strict);
 
+// A file-mode header (perf_file_header): the magic ("PERFILE2", byte-reversed
+// in the other byte order), its size, the attrs and data sections, and the
+// feature bits.
+struct FileLayout {
+    uint64_t attr_size = 0, attrs_offset = 0, attrs_size = 0, data_offset = 0, data_size = 0;
+    std::vector<unsigned> features;  // HEADER_* bits set
+};
+std::vector<uint8_t> file_header_bytes(bool swap, const FileLayout& l);
+
+// The feature sections after the data: the table of (offset, size) at
+// table_offset, then each section's bytes in order. Sections by feature id,
+// ascending, as perf writes them.
+using FeatureBytes = std::vector<std::pair<unsigned, std::vector<uint8_t>>>;
+std::vector<uint8_t> feature_sections(bool swap, uint64_t table_offset, const FeatureBytes& sections);
+
 }  // namespace gilscan::test

@@ -345,7 +345,7 @@ public:
         std::vector<uint8_t> data = data_bytes(opt);
         o.bytes(data.data(), data.size());
         uint64_t data_size = data.size();
-        std::vector<std::pair<unsigned, std::vector<uint8_t>>> feats;
+        FeatureBytes feats;
         if (opt.features) {
             bool tp = false;
             for (auto& a : attrs) tp |= !a.format.empty();
@@ -358,26 +358,12 @@ public:
                 feats.push_back({HEADER_COMPRESSED, c.b});
             }
         }
-        uint64_t table = o.size();
-        o.b.resize(table + feats.size() * 16, 0);
-        for (size_t k = 0; k < feats.size(); ++k) {
-            uint64_t off = o.size();
-            o.bytes(feats[k].second.data(), feats[k].second.size());
-            o.patch<uint64_t>(table + k * 16, off);
-            o.patch<uint64_t>(table + k * 16 + 8, feats[k].second.size());
-        }
-        // Header
-        std::memcpy(o.b.data(), "PERFILE2", 8);
-        if (swap) std::reverse(o.b.begin(), o.b.begin() + 8);
-        o.patch<uint64_t>(8, 104);
-        o.patch<uint64_t>(16, attr_entry);
-        o.patch<uint64_t>(24, attrs_off);
-        o.patch<uint64_t>(32, attrs.size() * attr_entry);
-        o.patch<uint64_t>(40, data_off);
-        o.patch<uint64_t>(48, opt.zero_data_size ? 0 : data_size);
-        uint64_t bits = 0;
-        for (auto& f : feats) bits |= 1ull << f.first;
-        o.patch<uint64_t>(72, bits);
+        const std::vector<uint8_t> sections = feature_sections(swap, o.size(), feats);
+        o.bytes(sections.data(), sections.size());
+        FileLayout l{attr_entry, attrs_off, attrs.size() * attr_entry, data_off, opt.zero_data_size ? 0 : data_size, {}};
+        for (auto& f : feats) l.features.push_back(f.first);
+        const std::vector<uint8_t> header = file_header_bytes(swap, l);
+        std::memcpy(o.b.data(), header.data(), header.size());
         return o.b;
     }
 
