@@ -63,7 +63,7 @@ const void* ReaderStacks::on_record(const RawRecord& r, const EventInfo& ev, boo
 const ReaderStacks::Note* ReaderStacks::classify(const Sample& s, const EventInfo& ev) {
     // The same tests, in the same order, as the stages' path to a stack
     // classification: GilTracker (a probe sample), Timeline::on_sample (a
-    // decodable sched_switch of a real task into S), and analysis.cc's
+    // decodable sched_switch of a real task into S), and pipeline.cc's
     // classifier (user registers and stack recorded).
     if (stop_at_probes_ && s.tid > 0 && is_gil_probe(ev.gil_kind)) {
         probes_seen_ = true;

@@ -151,7 +151,7 @@ TEST_CASE("reader stage: a sleep whose label would wait for another thread is le
 }
 
 TEST_CASE("reader stage: in a summary-only run its notes give the answer without the evidence text") {
-    // set_text(false), as analysis.cc sets it when no trace is written
+    // set_text(false), as pipeline.cc sets it when no trace is written
     // (SleepLabel::text): the same names and GIL flags as with texts, and
     // no sleep's matching frame formatted into evidence.
     const std::string path = std::string(GILSCAN_TESTDATA) + "/stacks_py311.data";
