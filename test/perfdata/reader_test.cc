@@ -348,9 +348,9 @@ TEST_CASE("a stage that throws stops the run, with or without the reader thread,
 TEST_CASE("a stage that throws while the reader hands over a long run of ready records: the reader stops too") {
     // No FINISHED_ROUND: every record waits in the ordering queue until the
     // end of the data, then goes out as one run of 300,000 ready records,
-    // far more than the 64 batches the queue to the stages holds. The reader
-    // waits for room when the stages throw; it used to go on filling a batch
-    // that nothing could take, and spin for ever.
+    // far more than the 64 batches the queue to the stages holds. When the
+    // stages throw, the reader must stop handing that run over: a batch that
+    // nothing can take would otherwise be filled for ever.
     SchedRecording r;
     for (uint64_t t = 1; t <= 300000; ++t) r.switch_(t * 10, static_cast<uint32_t>(t % 4), 1, 2, 1, 0);
     TempFile f(r.w.build());
