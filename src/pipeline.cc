@@ -68,6 +68,8 @@ struct Run {
     Session session;  // 1. perfdata: the file, header, features, formats
     const bool one_thread;
     StackMode mode = StackMode::OneThread;
+    // --gil-evidence, read at every sleep.
+    const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
 
     // 5. output, opened first and committed only when everything worked.
     std::unique_ptr<OutputFile> trace_out;
@@ -187,7 +189,7 @@ void build_stack_labels(Run& r) {
 // StackMode says. Nothing here allocates.
 void label_sleep(Run& r, const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label,
                  const SleepClassifier& by_probes) {
-    if (r.opt.gil_evidence == "probes" || (r.opt.gil_evidence == "auto" && r.gil->seen_probes())) {
+    if (r.only_probes || (r.auto_evidence && r.gil->seen_probes())) {
         r.used_probes |= r.gil->seen_probes();
         by_probes(s, ev, ps, label);
         return;
