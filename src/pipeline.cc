@@ -11,9 +11,12 @@
 #include <optional>
 #include <thread>
 
+#include "gilscan/gil/blame.h"
+#include "gilscan/gil/blame_stacks.h"
 #include "gilscan/gil/gil_probes.h"
 #include "gilscan/gil/gil_stacks.h"
 #include "gilscan/gil/reader_stacks.h"
+#include "gilscan/output/blame_report.h"
 #include "gilscan/output/output_file.h"
 #include "gilscan/output/trace_relay.h"
 #include "gilscan/output/trace_writer.h"
@@ -95,6 +98,9 @@ struct Run {
     std::unique_ptr<Timeline> timeline;
     std::optional<InOrderTraceSink> in_order;
     std::unique_ptr<GilTracker> gil;
+    // 4. gil: blame, after the timeline (it reads the sleeps' labels).
+    std::unique_ptr<BlameStacks> blame_stacks;
+    std::unique_ptr<GilBlame> blame;
 
     // What labelled the sleeps.
     bool used_probes = false, used_stacks = false;
@@ -114,7 +120,8 @@ void plan_threads(Run& r) {
     bool can_have_stacks = r.session.header().pipe;
     for (const auto& ev : r.session.events()) can_have_stacks |= (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
     if (r.one_thread) r.mode = StackMode::OneThread;
-    else if (r.opt.jobs > 2 && r.opt.sleep_stacks > 0) r.mode = StackMode::Workers;
+    // Blame reads each sleep's label at its switch-out: -j workers' labels come later.
+    else if (r.opt.jobs > 2 && r.opt.sleep_stacks > 0 && !r.opt.blame) r.mode = StackMode::Workers;
     else if (r.opt.gil_evidence != "probes" && can_have_stacks) r.mode = StackMode::ReaderAhead;
     else r.mode = StackMode::StagesOnly;
 }
@@ -234,15 +241,28 @@ void build_timeline(Run& r) {
         [&r, by_probes = gil_probe_classifier(*r.gil)](const Sample& s, const EventInfo& ev, const PrevState& ps,
                                                        SleepLabel& label) { label_sleep(r, s, ev, ps, label, by_probes); });
     if (r.parallel) r.timeline->set_resolver([&r](int64_t t, bool wait) { return r.parallel->resolve(t, wait); });
+    if (r.opt.blame) {
+        r.blame_stacks = std::make_unique<BlameStacks>(*r.modules);
+        r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
+        r.blame->set_wait_stacks(!r.opt.wait_folded.empty());
+        r.gil->set_listener(r.blame.get());
+        r.timeline->set_observer(r.blame.get());
+    }
 }
 
 // Every record, in time order, through process maps, GIL tracker and timeline.
 void read_records(Run& r) {
-    FanOutOf<ProcessMaps, GilTracker, Timeline> stages(r.maps, *r.gil, *r.timeline);
-    r.session.run(stages);
+    if (r.blame) {
+        FanOutOf<ProcessMaps, GilTracker, Timeline, GilBlame> stages(r.maps, *r.gil, *r.timeline, *r.blame);
+        r.session.run(stages);
+    } else {
+        FanOutOf<ProcessMaps, GilTracker, Timeline> stages(r.maps, *r.gil, *r.timeline);
+        r.session.run(stages);
+    }
     const uint64_t end = r.session.stats().last_time;
     r.gil->finish(end);
     r.timeline->finish(end);
+    if (r.blame) r.blame->finish(end);
     if (r.parallel) r.parallel->finish();
     if (r.relay) r.relay->close();  // every event formatted: the writer is this thread's again
     if (r.mopt.name_store) r.mopt.name_store->save();  // the names this run gave libdw's answers for
@@ -314,12 +334,41 @@ void add_gil_functions(const Run& r, const std::string& evidence_used, FileSumma
             "take_gil return uprobes end the stacks early)");
 }
 
+// GIL blame's rows, and what they could not see, once some thread waited.
+void add_blame(const Run& r, FileSummary& summary) {
+    const bool inferred = r.blame->inferred();
+    if (inferred) {
+        summary.blame_waiting_ns = r.blame->waiting_ns();
+    } else {
+        for (const auto& p : summary.gil_processes) summary.blame_waiting_ns[p.pid] += p.waiting_ns;
+    }
+    uint64_t waiting = 0;
+    for (const auto& [pid, ns] : summary.blame_waiting_ns)
+        if (r.opt.pids.empty() || r.opt.pids.count(pid)) waiting += ns;
+    if (waiting == 0) return;  // no thread waited for a GIL: nothing to blame
+    summary.blame_known = true;
+    summary.blame_inferred = inferred;
+    summary.blame_top = r.opt.blame_top;
+    for (auto& row : blame_rows(r.blame->charges(), *r.blame_stacks, inferred))
+        if (r.opt.pids.empty() || r.opt.pids.count(row.pid)) summary.gil_blame.push_back(std::move(row));
+    if (r.blame->cpu_samples() == 0)
+        summary.warnings.push_back("GIL blame: no CPU samples, so on-CPU holders are not named by function (record "
+                                   "cpu-clock with --call-graph dwarf: gilscan record --blame)");
+    else if (!r.blame_stacks->named_python())
+        summary.warnings.push_back("GIL blame: no stack reached a Python function's name, so native frames alone are "
+                                   "blamed (CPython 3.12+: python3 -X perf, or PYTHONPERFSUPPORT=1; 3.13: -X perf_jit)");
+    if (inferred && r.blame->unattributed_ns())
+        summary.warnings.push_back("GIL blame: " + std::to_string(r.blame->unattributed_ns() / 1000) +
+                                   " us of waiting after the last hand-off seen have no holder inferred");
+}
+
 // 5. The summary: per thread and per GIL, with every warning the run has.
 FileSummary summarise(const Run& r) {
     FileSummary summary = build_summary(r.session, r.timeline->threads(), r.opt.pids, r.gil.get(), r.timeline->cpu_wide());
     add_stack_warnings(r, summary);
     const std::string evidence_used = add_gil_sleeps(r, summary);
     if (r.opt.gil_functions) add_gil_functions(r, evidence_used, summary);
+    if (r.blame) add_blame(r, summary);
     if (r.timeline->decoder().field_errors())
         summary.warnings.push_back(std::to_string(r.timeline->decoder().field_errors()) +
                                    " tracepoint sample(s) too short for their format");
@@ -341,6 +390,26 @@ void write_trace(Run& r, const FileSummary& summary) {
     r.trace_out->commit();
 }
 
+// 5. Folded stacks of blame (contended hold) and of the waits.
+void write_folded_stacks(const Run& r, const FileSummary& summary) {
+    if (!r.blame) return;
+    std::map<int32_t, std::string> comm;
+    for (const auto& t : summary.threads)
+        if (t.main_thread || !comm.count(t.st.tgid)) comm[t.st.tgid] = t.st.comm;
+    auto keep = [&](std::map<std::pair<int32_t, uint32_t>, uint64_t> m) {
+        if (!r.opt.pids.empty()) std::erase_if(m, [&](const auto& kv) { return !r.opt.pids.count(kv.first.first); });
+        return m;
+    };
+    if (!r.opt.blame_folded.empty()) {
+        std::map<std::pair<int32_t, uint32_t>, uint64_t> held;
+        for (const BlameCharge& c : r.blame->charges())
+            if (c.contended_ns()) held[{c.pid, c.stack}] += c.contended_ns();
+        write_folded(r.opt.blame_folded, folded_lines(keep(std::move(held)), *r.blame_stacks, comm));
+    }
+    if (!r.opt.wait_folded.empty())
+        write_folded(r.opt.wait_folded, folded_lines(keep(r.blame->wait_charges()), *r.blame_stacks, comm));
+}
+
 }  // namespace
 
 unsigned all_cores() { return std::max(1u, std::thread::hardware_concurrency()); }
@@ -355,6 +424,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     read_records(r);           // every record through the stages
     FileSummary summary = summarise(r);  // 5. output: the summary
     write_trace(r, summary);             // 5. output: the trace, committed
+    write_folded_stacks(r, summary);     // 5. output: folded stacks
     if (!opt.display_name.empty()) summary.file = opt.display_name;
     if (opt.on_complete) opt.on_complete(summary);
     return summary;

@@ -40,6 +40,11 @@ struct AnalysisOptions {
     // sleep's stack unwound past take_gil to its first JIT frame, named by
     // perf_maps; totalled in FileSummary::gil_functions.
     bool gil_functions = false;
+    // GIL blame (gil/blame.h): who held the GIL while others waited. Off:
+    // no table, no CPU sample unwound. The folded outputs: "" = none.
+    bool blame = true;
+    size_t blame_top = 10;
+    std::string blame_folded, wait_folded;
     // -j: threads. 1: everything on the calling thread. 2: a reader thread
     // and a trace-writing thread beside it. 3 and up, with --sleep-stacks:
     // jobs - 2 threads unwind and symbolize the sleeps' stacks.

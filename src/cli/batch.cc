@@ -219,6 +219,22 @@ std::vector<nlohmann::json> function_rows_of(const Result& r, const nlohmann::js
     return rows;
 }
 
+// --blame: one row per recording, process and blamed function: the
+// summary JSON's gil_blame rows, each with its recording.
+const char* kBlameColumns[] = {"recording", "pid",        "function",   "native",  "module",   "contended_us",
+                               "on_cpu_us", "off_cpu_us", "hold_us",    "threads", "held_while_blocked", "inferred"};
+
+std::vector<nlohmann::json> blame_rows_of(const Result& r, const nlohmann::json& all) {
+    std::vector<nlohmann::json> rows;
+    if (!r.error.empty()) return rows;
+    for (const auto& b : all.value("gil_blame", nlohmann::json::array())) {
+        nlohmann::json j = b;
+        j["recording"] = r.path;
+        rows.push_back(j);
+    }
+    return rows;
+}
+
 std::string csv_field(const nlohmann::json& v) {
     std::string s = v.is_null() ? "" : v.is_string() ? valid_utf8(v.get<std::string>()) : json_dump(v);
     if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
@@ -257,7 +273,7 @@ std::string rows_text(const std::vector<nlohmann::json>& rows, const char* const
 
 struct BatchOptions {
     unsigned jobs = all_cores();
-    std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, perf_maps = "/tmp";
+    std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, blame_path, perf_maps = "/tmp";
     std::string cache_dir = default_debuginfo_cache_dir();
     uint64_t max_unpacked = kDefaultMaxUnpacked;
     std::vector<std::string> paths;
@@ -280,6 +296,8 @@ std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
     t.value("--traces", "DIR", "one Chrome trace per recording, in DIR", [&](const std::string& v) { o.traces_dir = v; });
     t.value("--gil-functions", "out.jsonl|out.csv", "GIL waits by Python function, per recording and process",
             [&](const std::string& v) { o.functions_path = non_empty("--gil-functions", v, "a file"); });
+    t.value("--blame", "out.jsonl|out.csv", "GIL blame rows, per recording, process and function",
+            [&](const std::string& v) { o.blame_path = non_empty("--blame", v, "a file"); });
     t.section("Analysis (as gilscan FILE's)");
     t.value("--gil-evidence", "MODE", "auto|stacks|probes: what labels a sleep S(GIL)", [&](const std::string& v) {
         if (v != "auto" && v != "stacks" && v != "probes") throw UsageError("--gil-evidence takes auto, stacks or probes");
@@ -474,7 +492,8 @@ int batch_main(int argc, char** argv) {
         std::fprintf(stderr, "gilscan: error: no recordings found under the given paths\n");
         return 1;
     }
-    check_outputs({{"--summary", opt.summary_path}, {"--gil-functions", opt.functions_path}}, inputs);
+    check_outputs({{"--summary", opt.summary_path}, {"--gil-functions", opt.functions_path}, {"--blame", opt.blame_path}},
+                  inputs);
     remove_temporaries_on_signals();
     if (!opt.traces_dir.empty()) fs::create_directories(opt.traces_dir);
     const bool csv = opt.summary_path.ends_with(".csv");
@@ -516,25 +535,31 @@ int batch_main(int argc, char** argv) {
     for (auto& t : pool) t.join();
 
     // Rows in input order, whatever order the workers finished in.
-    std::vector<nlohmann::json> rows, function_rows;
+    std::vector<nlohmann::json> rows, function_rows, blame_rows;
     size_t write_failures = 0;
     for (const auto& r : results) {
         const nlohmann::json& all = r.error.empty() ? r.summary : nlohmann::json();
         for (auto& row : rows_of(r, all)) rows.push_back(std::move(row));
         if (!opt.functions_path.empty())
             for (auto& row : function_rows_of(r, all)) function_rows.push_back(std::move(row));
+        if (!opt.blame_path.empty())
+            for (auto& row : blame_rows_of(r, all)) blame_rows.push_back(std::move(row));
         if (r.write_error) ++write_failures;
         if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
     }
-    // Both files complete, or neither changed (OutputFile: written aside, renamed at commit).
-    std::unique_ptr<OutputFile> out, fn_out;
+    // Every file complete, or none changed (OutputFile: written aside, renamed at commit).
+    std::unique_ptr<OutputFile> out, fn_out, blame_out;
     if (!opt.summary_path.empty()) out = std::make_unique<OutputFile>(opt.summary_path);
     if (!opt.functions_path.empty()) fn_out = std::make_unique<OutputFile>(opt.functions_path);
+    if (!opt.blame_path.empty()) blame_out = std::make_unique<OutputFile>(opt.blame_path);
     print_or_write(out, rows_text(rows, kColumns, std::size(kColumns), csv));
     if (fn_out) fn_out->write(rows_text(function_rows, kFunctionColumns, std::size(kFunctionColumns),
                                         opt.functions_path.ends_with(".csv")));
+    if (blame_out)
+        blame_out->write(rows_text(blame_rows, kBlameColumns, std::size(kBlameColumns), opt.blame_path.ends_with(".csv")));
     if (out) out->commit();
     if (fn_out) fn_out->commit();
+    if (blame_out) blame_out->commit();
     std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows%s\n", inputs.size(),
                  inputs.size() - failed.load() - write_failures, failed.load(), rows.size(),
                  write_failures ? (", " + std::to_string(write_failures) + " trace(s) not written").c_str() : "");

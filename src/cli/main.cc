@@ -42,14 +42,16 @@ struct Options {
     std::string perf_maps = "/tmp";
     unsigned sleep_stacks = 0;
     bool gil_functions = false;
+    bool blame = true;
+    size_t top = 10;
+    std::string blame_folded, wait_folded;
     unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
     std::string cache_dir = gilscan::default_debuginfo_cache_dir();
 };
 
 constexpr const char* kAbout =
-    R"(Where the GIL costs a Python program, from a perf.data recording (file or pipe
-mode, plain or zstd): a Chrome trace (-o) and a per-thread table. Also:
+    R"(Where the GIL costs a Python program, and who holds it while others wait. Also:
   gilscan record [options] -- PROGRAM   record a program with perf, then analyse it
   gilscan batch [options] PATH...       many recordings: one summary row per thread
   gilscan probe [options] [PYTHON...]   place the GIL uprobes for a perf record of your own
@@ -91,7 +93,14 @@ gilscan::OptionTable analysis_table(Options& o) {
             });
     t.flag("--gil-functions", "GIL waits by Python function (-X perf or -X perf_jit stacks)",
            [&] { o.gil_functions = true; });
-    t.section("Binaries, JIT maps and the cache");
+    t.value("--top", "N", "blame table: the N most contended rows (default 10)",
+            [&](const std::string& v) { o.top = cli_number<size_t>("--top", v, 1, 1000000); });
+    t.value("--blame-folded", "FILE", "holders' stacks, folded, in us of contended hold (flame graphs)",
+            [&](const std::string& v) { o.blame_folded = v; });
+    t.value("--wait-folded", "FILE", "waiters' stacks, folded, in us of GIL wait sleep",
+            [&](const std::string& v) { o.wait_folded = v; });
+    t.flag("--no-blame", "no blame table (and no CPU sample unwound)", [&] { o.blame = false; });
+    t.section("Binaries, JIT maps, the cache, running");
     t.value("--symfs", "DIR", "look for the recorded binaries under DIR first", [&](const std::string& v) { o.symfs = v; });
     t.value("--perf-maps", "DIR", "perf-PID.map / jit-PID.dump files for JIT frames (default /tmp)",
             [&](const std::string& v) { o.perf_maps = gilscan::non_empty("--perf-maps", v, "a directory"); });
@@ -100,7 +109,6 @@ gilscan::OptionTable analysis_table(Options& o) {
         o.cache_dir = gilscan::cache_entries_dir(gilscan::non_empty("--cache-dir", v, "a directory"));
     });
     t.flag("--no-cache", "neither use nor fill the cache", [&] { o.cache_dir.clear(); });
-    t.section("Running");
     t.value("-j, --jobs", "N", "threads (default and 0: all cores); results are the same at any N",
             [&](const std::string& v) {
                 const unsigned n = cli_number<unsigned>("-j", v, 0, 256);
@@ -138,7 +146,10 @@ Options parse_args(int argc, char** argv) {
 
 // What a run writes, by option, for check_outputs.
 std::vector<std::pair<std::string, std::string>> outputs_of(const Options& o) {
-    return {{"-o", o.output}, {"--summary-json", o.summary_json}};
+    return {{"-o", o.output},
+            {"--summary-json", o.summary_json},
+            {"--blame-folded", o.blame_folded},
+            {"--wait-folded", o.wait_folded}};
 }
 
 // The table and messages on stdout reached it: a full disk, a closed or
@@ -174,6 +185,10 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.perf_maps = opt.perf_maps;
     a.sleep_stacks = opt.sleep_stacks;
     a.gil_functions = opt.gil_functions;
+    a.blame = opt.blame;
+    a.blame_top = opt.top;
+    a.blame_folded = opt.blame_folded;
+    a.wait_folded = opt.wait_folded;
     a.jobs = opt.jobs;
     a.debuginfo_cache = opt.cache_dir;
     if (opt.progress) {

@@ -167,8 +167,12 @@ bool open_stderr_relay(int fds[2]) {
 }  // namespace
 
 std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
-                                          const std::string& probe_group, const std::vector<std::string>& command) {
+                                          const std::string& probe_group, const std::vector<std::string>& command,
+                                          bool cpu_samples) {
     std::vector<std::string> a = {"perf", "record", "-k", "CLOCK_MONOTONIC", "-o", out};
+    // GIL blame's on-CPU holders: what each was running, at a rate whose
+    // DWARF stacks stay a modest share of the recording.
+    if (cpu_samples) a.insert(a.end(), {"-e", "cpu-clock/freq=499,call-graph=dwarf/"});
     if (state) {
         a.insert(a.end(), {"-e", stacks ? "sched:sched_switch/call-graph=dwarf/" : "sched:sched_switch", "-e",
                            "sched:sched_wakeup", "-e", "sched:sched_waking", "-e", "sched:sched_process_fork", "-e",
@@ -189,6 +193,7 @@ struct RecordRequest {
     RecordResult r;
     bool gil = false, state = false, stacks = false, analyse = true;
     bool gil_by_default = false;  // neither --gil nor --state given
+    bool blame = false;           // --blame: CPU samples with stacks too
     std::vector<std::string> command;
 };
 
@@ -209,6 +214,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.flag("--stacks", "DWARF user stacks on sched_switch (sleeps classified from stacks)", [&] { q.stacks = true; });
     t.flag("--gil-functions", "GIL waits by Python function: --state --stacks, perf support on",
            [&] { q.r.gil_functions = true; });
+    t.flag("--blame", "what GIL blame needs: --gil --state --stacks, CPU samples, perf support on",
+           [&] { q.blame = true; });
     t.section("Outputs");
     t.value("-o", "FILE", "the perf.data to write (default perf.data)", [&](const std::string& v) { q.r.data_file = v; });
     t.value("--trace", "FILE", "the Chrome trace to write (default trace.json)", [&](const std::string& v) { q.r.trace = v; });
@@ -232,6 +239,12 @@ void choose_events(RecordRequest& q) {
         if (q.gil)
             throw UsageError("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe "
                              "(--gil) cuts short: leave out --gil");
+        q.state = q.stacks = true;
+    }
+    if (q.blame) {
+        // Holders from the uprobes (Python 2's default drops them, as
+        // place_gil_probes says), their sleeps' and CPU samples' stacks.
+        if (!q.r.gil_functions) q.gil = true;
         q.state = q.stacks = true;
     }
     q.gil_by_default = !q.gil && !q.state;
@@ -286,7 +299,7 @@ std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
         // stack then ends at take_gil, and whatever called it (with
         // python3 -X perf, the Python function that waits) is lost.
         // (Python 2's probes where its lock calls return are plain ones.)
-        if (q.stacks && !plan.python2)
+        if (q.stacks && !plan.python2 && !q.blame)
             std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
                        "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
                        "for Python functions)\n",
@@ -307,7 +320,8 @@ int run_perf(const RecordRequest& q, const std::string& group) {
     // further than one frame.)
     int err_relay[2] = {-1, -1};
     const bool relay_pty = q.r.quiet && open_stderr_relay(err_relay);
-    std::vector<std::string> args = perf_record_args(q.r.data_file, q.gil, q.state, q.stacks, group, q.command);
+    std::vector<std::string> args =
+        perf_record_args(q.r.data_file, q.gil, q.state, q.stacks, group, q.command, q.blame);
     std::vector<char*> cargs;
     for (auto& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
@@ -317,7 +331,7 @@ int run_perf(const RecordRequest& q, const std::string& group) {
     // writes /tmp/perf-PID.map (as under -X perf), which names its
     // trampolines; earlier Pythons ignore it, and the analysis says no stack
     // reached a named frame. A value the user set is kept (0 turns it off).
-    if (q.r.gil_functions) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
+    if (q.r.gil_functions || q.blame) ::setenv("PYTHONPERFSUPPORT", "1", /*overwrite=*/0);
     pid_t pid = ::fork();
     if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {

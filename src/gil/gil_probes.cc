@@ -176,6 +176,10 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const Event
         break;
     default: break;
     }
+    if (listener_) {
+        tell(p, t);
+        if (&was != &p) tell(was, t);
+    }
 }
 
 void GilTracker::finish(uint64_t end) {
@@ -194,6 +198,7 @@ void GilTracker::finish(uint64_t end) {
     for (auto& p : procs_) {
         account(p, std::max(end, p.changed));
         if (p.holder > 0) set_holder(p, -1, std::max(end, p.holder_since));
+        tell(p, std::max(end, p.changed));
     }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <ctime>
 
+#include "gilscan/output/blame_report.h"
 #include "gilscan/perfdata/perf_abi.h"
 #include "gilscan/output/utf8.h"
 
@@ -258,6 +259,7 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
                      static_cast<unsigned long long>(fs.stack_stats.failed));
     if (fs.gil_sleep_known) std::fprintf(out, "\n");
     if (fs.gil_functions_known) print_gil_functions(out, fs);
+    if (fs.blame_known) print_blame_table(out, fs);
     if (fs.gil_anomalies.total())
         std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
                           "%llu overlapping holders\n",
@@ -371,6 +373,10 @@ nlohmann::json summary_head(const FileSummary& fs) {
                            {"sleep_count", f.sleep_count},
                            {"sleep_us", us(f.sleep_ns)}});
         j["gil_functions"] = fns;
+    }
+    if (fs.blame_known) {
+        j["gil_blame"] = blame_json(fs);
+        j["gil_blame_source"] = fs.blame_inferred ? "inferred" : "uprobes";
     }
     const StackStats& st = fs.stack_stats;
     j["stacks"] = {{"sleeps_seen", st.sleeps_seen}, {"not_python", st.not_python}, {"no_stack", st.no_stack},

@@ -213,7 +213,16 @@ std::vector<GilFunctionStats> Timeline::gil_functions() const {
     return out;
 }
 
+void Timeline::observe_sleep_end(const Thread& th, uint64_t t) {
+    int32_t waker_pid = -1;
+    if (th.waker > 0)
+        if (Thread* const* w = live_.find(th.waker)) waker_pid = (*w)->st.tgid;
+    observer_->sleep_ended(th.st.tgid, th.st.tid, t, waker_pid, th.waker, th.label.gil);
+}
+
 void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as) {
+    if (observer_ && th.known && !th.dead && (th.state == SpanKind::Sleep || th.state == SpanKind::DiskSleep)) [[unlikely]]
+        observe_sleep_end(th, t);
     if (th.known && !th.dead) {
         if (as) {
             SpanKind real = th.state;
@@ -256,11 +265,15 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
         if (classifier_) classifier_(s, ev, ps, th.label);
         if (spans_wanted_ && th.label.name.empty() && th.label.ticket < 0)
             th.label.name = ps.cls == StateClass::Sleeping ? "S" : "D";
+        if (observer_) [[unlikely]]
+            observer_->sleep_started(th.st.tgid, th.st.tid, t, th.label, s);
         // try_to_wake_up on another CPU can trace sched_waking just before
         // this switch-out is traced: the sleep is over as soon as it starts.
         if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
             int32_t waker = th.early_waker;
             th.waker = waker;
+            if (observer_) [[unlikely]]
+                observe_sleep_end(th, t);
             th.woken_before_switch = true;
             emit(th, t, t, false);  // the zero-length sleep, counted as a sleep
             th.woken_before_switch = false;
@@ -453,6 +466,8 @@ void Timeline::end_thread(Thread& th, uint64_t t) {
     if (!th.known || th.dead) return;
     const uint64_t at = std::max(t, th.since);
     close(th, at, false);
+    if (observer_) [[unlikely]]
+        observer_->thread_gone(th.st.tgid, th.st.tid, at);
     touch(th, at);
     th.known = false;
     th.dead = true;  // stays findable by its tid until the tid is reused (on_fork)

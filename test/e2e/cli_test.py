@@ -63,7 +63,11 @@ with tempfile.TemporaryDirectory() as tmp:
         rows = [ln for ln in r.stdout.splitlines() if ln.split()[1:2] and ln.split()[1].isdigit()]
         check(r.returncode == 0 and len(rows) == len(s2["threads"]) > 0,
               f"{' '.join(extra) or 'default'}: one table row per summary thread ({len(rows)}, {len(s2['threads'])})")
-        check("(* main thread;" in r.stdout and r.stdout.endswith(")\n"), "the table's legend, to its last line")
+        # The per-thread table's legend, then the blame table to its last row.
+        blame = [l for l in r.stdout[r.stdout.find("GIL blame"):].splitlines()[2:] if l.strip()]
+        check("(* main thread;" in r.stdout and "GIL blame" in r.stdout and
+              len(blame) == min(10, len(s2["gil_blame"])) + (len(s2["gil_blame"]) > 10) and r.stdout.endswith("\n"),
+              f"the table's legend, and the blame table to its last line ({len(blame)} rows)")
         check(r.stderr.count("gilscan: warning:") == len(s2["warnings"]), "every warning on stderr")
         check(json.load(open(trace))["traceEvents"], "the trace complete")
 
@@ -128,7 +132,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 0 and len(loads) == 3 and all(f", GIL {i + 1} at 0x" in l for i, l in enumerate(loads))
           and "contended 0.0%" in loads[1] and "contended 0.0%" in loads[2] and "contended 0.0%" not in loads[0]
           and "anomal" not in r.stdout + r.stderr, f"one summary line per GIL ({loads}, {r.stderr})")
-    rows = [l.split() for l in r.stdout.splitlines() if l.strip()[:1].isdigit()]
+    rows = [l.split() for l in r.stdout.split("GIL blame")[0].splitlines() if l.strip()[:1].isdigit()]
     check("  GILs" in r.stdout and sorted(row[-1] for row in rows) == ["1", "1", "1", "1,2", "1,3"],
           f"a GILs column: the sub threads took the main GIL and their own ({[row[-1] for row in rows]})")
     r = run(os.path.join(DATA, "gil_subinterp.data"), "--summary-json", summ, "-q")
@@ -171,8 +175,11 @@ with tempfile.TemporaryDirectory() as tmp:
     if not os.path.exists(os.path.join("/tmp", pm_map)):
         r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q")
         check(f"no perf map /tmp/{pm_map}" in r.stderr, "perf maps are looked for in /tmp by default, as perf does")
+    r = run(pm, "-o", trace, "-q", "--perf-maps", empty, "--no-blame")
+    check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks or blame no perf map is read")
     r = run(pm, "-o", trace, "-q", "--perf-maps", empty)
-    check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks no perf map is read")
+    check(r.returncode == 0 and r.stderr.count(f"no perf map {empty}/{pm_map}") == 1,
+          f"blame names the holders' Python functions: it looks for the perf map ({r.stderr})")
     check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
 
     # -X perf_jit (CPython 3.13+): its jitdump, DIR/jit-PID.dump, names the

@@ -30,6 +30,7 @@ RecordResult record_main(int argc, char** argv);
 
 // The perf command line record_main runs (exposed for tests).
 std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
-                                          const std::string& probe_group, const std::vector<std::string>& command);
+                                          const std::string& probe_group, const std::vector<std::string>& command,
+                                          bool cpu_samples = false);
 
 }  // namespace gilscan

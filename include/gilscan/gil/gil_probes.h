@@ -76,6 +76,15 @@ struct GilAnomalies {
 
 enum class GilState : uint8_t { None, Waiting, Holding, Dropping };
 
+// Told a GIL's state whenever a probe may have changed it: from t on, `holder`
+// (or -1) holds GIL `gil` (GilProcessStats::index) of process pid while
+// `waiters` threads wait in take_gil. GIL blame listens (blame.h).
+class GilListener {
+public:
+    virtual ~GilListener() = default;
+    virtual void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters) = 0;
+};
+
 class GilTracker final : public EventSink {
 public:
     // swap: the recording's byte order differs from this machine's (the
@@ -92,6 +101,7 @@ public:
         on_probe(s, ev, k);
     }
     void finish(uint64_t end);
+    void set_listener(GilListener* l) { listener_ = l; }
 
     bool seen_probes() const { return probe_events_ > 0; }
     uint64_t probe_events() const { return probe_events_; }
@@ -142,7 +152,12 @@ private:
     void end_wait(Thread& th, uint64_t t, bool cut);
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
+    void tell(const Process& p, uint64_t t) {
+        if (listener_) listener_->gil_state(p.st.pid, p.st.index, t, p.holders ? p.holder : -1, p.waiters);
+    }
+
     TraceSink* trace_;
+    GilListener* listener_ = nullptr;
     PtrIdMap<Thread> threads_;  // tid -> its entry in all_
     std::deque<Thread> all_;  // deque: entries never move
     PtrIdMap<Process> proc_index_;  // pid -> its first GIL in procs_

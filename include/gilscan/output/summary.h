@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gilscan/gil/blame.h"
 #include "gilscan/gil/gil_probes.h"
 #include "gilscan/gil/gil_stacks.h"
 #include "gilscan/output/output_file.h"
@@ -57,6 +58,13 @@ struct FileSummary {
     // most sleep time first; "" = no function named), when asked for.
     bool gil_functions_known = false;
     std::vector<GilFunctionStats> gil_functions;
+    // GIL blame (blame.h): who held the GIL while others waited, by process
+    // and function, the most contended first; known when some thread waited.
+    bool blame_known = false;
+    bool blame_inferred = false;           // holders inferred from the scheduler (no uprobes)
+    std::vector<BlameRow> gil_blame;
+    std::map<int32_t, uint64_t> blame_waiting_ns;  // per process: time with at least one waiter
+    size_t blame_top = 10;                 // rows the table shows (--top)
 };
 
 // "2026-11-29T12:02:26Z" for nanoseconds since the epoch.

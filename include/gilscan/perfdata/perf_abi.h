@@ -15,6 +15,10 @@ namespace gilscan {
 inline constexpr uint32_t PERF_TYPE_HARDWARE = 0;
 inline constexpr uint32_t PERF_TYPE_SOFTWARE = 1;
 inline constexpr uint32_t PERF_TYPE_TRACEPOINT = 2;
+inline constexpr uint32_t PERF_TYPE_HW_CACHE = 3;
+inline constexpr uint32_t PERF_TYPE_RAW = 4;
+inline constexpr uint64_t PERF_COUNT_SW_CPU_CLOCK = 0;
+inline constexpr uint64_t PERF_COUNT_SW_TASK_CLOCK = 1;
 
 // perf_event_attr.sample_type
 inline constexpr uint64_t PERF_SAMPLE_IP = 1ull << 0;

@@ -163,6 +163,19 @@ struct GilFunctionStats {
     uint64_t sleep_ns = 0, sleep_count = 0;
 };
 
+// Told of each monitored thread's sleeps as the timeline meets them (GIL
+// blame, blame.h): a sleep starts at its switch-out, labelled (the label's
+// gil set for a GIL wait; never a ticket: no -j workers then), with the
+// switch-out's sample; it ends at its wake-up or switch-in, waker the
+// thread that woke it (-1: none seen) and waker_pid that thread's process.
+class ThreadObserver {
+public:
+    virtual ~ThreadObserver() = default;
+    virtual void sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLabel& label, const Sample& s) = 0;
+    virtual void sleep_ended(int32_t pid, int32_t tid, uint64_t t, int32_t waker_pid, int32_t waker, bool gil_wait) = 0;
+    virtual void thread_gone(int32_t pid, int32_t tid, uint64_t t) = 0;
+};
+
 // Labels a sleep or disk sleep at its switch-out: writes into `label`, which
 // arrives cleared (and keeps its capacity from the thread's earlier sleeps).
 using SleepClassifier = std::function<void(const Sample&, const EventInfo&, const PrevState&, SleepLabel& label)>;
@@ -172,6 +185,7 @@ public:
     Timeline(const Session& session, SpanSink& sink);
 
     void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
+    void set_observer(ThreadObserver* o) { observer_ = o; }
     // Whether its sink wants spans: what it sets every label's text to
     // (SleepLabel::text), for labels made elsewhere to follow.
     bool spans_wanted() const { return spans_wanted_; }
@@ -308,6 +322,8 @@ private:
     const bool spans_wanted_;
     TracepointDecoder dec_;
     SleepClassifier classifier_;
+    ThreadObserver* observer_ = nullptr;
+    [[gnu::noinline]] void observe_sleep_end(const Thread& th, uint64_t t);
     Resolver resolver_;
     struct PendingSpan {
         Span span;
