@@ -33,6 +33,38 @@ void GilBlame::book(int32_t pid, int32_t tid, uint32_t stack, uint64_t on, uint6
     if (on + off) c.tids.insert(tid);
 }
 
+void GilBlame::note_hold(Thread& th, uint32_t stack, uint64_t contended) {
+    if (!th.holds || contended == 0) return;
+    for (auto& [id, ns] : th.hold_stacks)
+        if (id == stack) {
+            ns += contended;
+            return;
+        }
+    th.hold_stacks.emplace_back(stack, contended);
+}
+
+std::string_view GilBlame::hold_culprit(int32_t pid, uint32_t index, int32_t holder, uint64_t t) {
+    if (!probes_) return {};
+    Gil& g = gil_of(pid, index);
+    advance(g, t);  // the hold's last stretch, under the state before t
+    auto it = threads_.find(holder);
+    if (it == threads_.end()) return {};
+    const Thread& th = it->second;
+    uint32_t best = ~0u;
+    uint64_t most = 0;
+    auto consider = [&](uint32_t id, uint64_t ns) {
+        if (id >= BlameStacks::kFirstStack && ns > most) {
+            best = id;
+            most = ns;
+        }
+    };
+    for (const auto& [id, ns] : th.hold_stacks) consider(id, ns + (id == th.hold_sample ? th.sure.on_pending : 0));
+    if (th.hold_sample != ~0u) consider(th.hold_sample, th.sure.on_pending);
+    if (best == ~0u) return {};
+    const BlameStack& b = stacks_.stack(best);
+    return b.python.empty() ? std::string_view(b.native) : std::string_view(b.python);
+}
+
 // The stack of the sleep th is in, unwound the first time it is charged.
 uint32_t GilBlame::off_stack(Thread& th) {
     if (th.off_stack != ~0u) return th.off_stack;
@@ -55,7 +87,9 @@ void GilBlame::charge(Thread& th, uint64_t contended, uint64_t held, Tally& to) 
     case Act::OffCpu:
     case Act::Unknown:
         if (probes_) {
-            book(th.pid, th.tid, th.act == Act::OffCpu ? off_stack(th) : BlameStacks::kUnknown, 0, contended, held);
+            const uint32_t id = th.act == Act::OffCpu ? off_stack(th) : BlameStacks::kUnknown;
+            book(th.pid, th.tid, id, 0, contended, held);
+            note_hold(th, id, contended);
         } else if (contended) {
             // The same sleep is charged at every catch-up: one entry for it.
             const uint32_t id = th.act == Act::Unknown ? BlameStacks::kUnknown
@@ -144,7 +178,12 @@ void GilBlame::gil_state(int32_t pid, uint32_t index, uint64_t t, int32_t holder
     advance(g, t);
     if (g.holder != holder) {
         if (g.holder > 0) thread(pid, g.holder).holds = nullptr;
-        if (holder > 0) thread(pid, holder).holds = &g;
+        if (holder > 0) {
+            Thread& h = thread(pid, holder);
+            h.holds = &g;
+            h.hold_stacks.clear();
+            h.hold_sample = ~0u;
+        }
     }
     g.holder = holder;
     g.waiters = waiters;
@@ -213,6 +252,8 @@ void GilBlame::cpu_sample(const Sample& s, const EventInfo& ev) {
     const AddressSpace* as = maps_.space(s.pid);
     const uint32_t id = as ? stacks_.resolve(*as, s, true) : BlameStacks::kSampleNoStack;
     book(th.pid, th.tid, id, th.sure.on_pending, 0, th.sure.hold_on_pending);
+    note_hold(th, id, th.sure.on_pending);
+    if (th.holds) th.hold_sample = id;
     th.sure.on_pending = th.sure.hold_on_pending = 0;
     if (th.maybe.on_pending) th.maybe.on.emplace_back(id, th.maybe.on_pending);
     th.maybe.on_pending = 0;

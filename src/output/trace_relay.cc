@@ -231,7 +231,8 @@ void TraceRelay::replay(const Block& block, size_t used) {
         case Op::GilHolder: {
             const auto pid = u.get<int32_t>(), track = u.get<int32_t>(), holder = u.get<int32_t>();
             const auto start = u.get<uint64_t>(), stop = u.get<uint64_t>();
-            writer_.gil_holder(pid, track, holder, start, stop);
+            const bool has_culprit = u.get<uint8_t>() != 0;
+            writer_.gil_holder(pid, track, holder, start, stop, has_culprit ? u.str() : std::string_view());
             break;
         }
         case Op::GilWaiters: {
@@ -280,8 +281,11 @@ void TraceRelay::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, 
                static_cast<uint8_t>(cut));
 }
 
-void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
-    if (filter_.wanted(pid)) append(Op::GilHolder, pid, track_tid, holder, start_ns, end_ns);
+void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
+                            std::string_view culprit) {
+    if (filter_.wanted(pid))
+        append(Op::GilHolder, pid, track_tid, holder, start_ns, end_ns, static_cast<uint8_t>(!culprit.empty()),
+               OptionalField{culprit});
 }
 
 void TraceRelay::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {

@@ -261,9 +261,10 @@ void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil,
     end(p);
 }
 
-void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) {
+void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
+                             std::string_view culprit) {
     if (!filter_.wanted(pid)) return;
-    char* p = begin(kFixed);
+    char* p = begin(kFixed + (culprit.empty() ? 0 : 6 * culprit.size() + 14));
     p = put(p, R"({"ph":"X","cat":"GIL holder","name":"GIL held by )");
     char* const holder_text = p;
     p = put_int(p, holder);
@@ -276,6 +277,10 @@ void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uin
     // kFixed leaves room for; the track's text after them is longer).
     std::memcpy(p, holder_text, 12);
     p += holder_len;
+    if (!culprit.empty()) {
+        p = put(p, ",\"culprit\":");
+        p = put_str(p, culprit);
+    }
     p = put(p, "}}");
     end(p);
 }

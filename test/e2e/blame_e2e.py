@@ -132,6 +132,36 @@ def options():
               any("blocker (" in r and ",usleep," in r for r in rows), "batch --blame rows")
 
 
+def culprits():
+    """The trace's holder spans carry args.culprit: the holder's own function, and the same at -j 1 and -j 2."""
+    path = os.path.join(DATA, "blame_py312.data")
+    roles = json.load(open(os.path.join(DATA, "blame_py312.truth.json")))["roles"]
+    with tempfile.TemporaryDirectory() as d:
+        traces = []
+        for j in ("1", "2"):
+            out = os.path.join(d, f"t{j}.json")
+            subprocess.run([GILSCAN, path, "-q", "--perf-maps", MAPS, "-o", out, "-j", j], check=True,
+                           capture_output=True)
+            traces.append(open(out).read())
+        check(traces[0] == traces[1], "culprits: -j 1 and -j 2 traces identical")
+        events = json.loads(traces[0])
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        holds = [e for e in events if e.get("cat") == "GIL holder"]
+        named = [e for e in holds if "culprit" in e.get("args", {})]
+        # Holds of a millisecond and more are the contended ones here; the
+        # many short ones (a contender's few microseconds) have no sample.
+        long = [e for e in holds if e["dur"] >= 1000]
+        long_named = sum(e["dur"] for e in long if "culprit" in e["args"])
+        check(long_named >= 0.85 * sum(e["dur"] for e in long),
+              f"culprits: {long_named} of {sum(e['dur'] for e in long)} us of long holds named")
+        for culprit in ("hog", "blocker", "sorter"):
+            tid = [int(t) for t, r in roles.items() if r == culprit][0]
+            mine = [e for e in named if e["args"]["holder"] == tid]
+            right = sum(e["dur"] for e in mine if e["args"]["culprit"].startswith(culprit + " ("))
+            check(mine and right >= 0.8 * sum(e["dur"] for e in mine),
+                  f"culprits: the {culprit} thread's holds are named {culprit} ({right} of {sum(e['dur'] for e in mine)})")
+
+
 def live():
     """gilscan record --blame here, a truth recording beside it."""
     group = subprocess.run([GILSCAN, "probe", PY312], capture_output=True, text=True).stdout
@@ -167,5 +197,6 @@ by_native("py311", 0.15, False, [("blocker", "usleep"), ("sorter", "list_sort")]
 by_native("debian", 0.25, True, [("blocker", "usleep")])
 folded("py312_stacks")
 options()
+culprits()
 live()
 done("blame end to end")

@@ -86,7 +86,13 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
                           static_cast<uint32_t>(dur % 3), ts, ts + dur,
                           rnd() % 4 == 0);
             break;
-        case 3: sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur); break;
+        case 3: {
+            // GIL blame's culprit: none, a plain name, or one to escape.
+            const uint32_t c = static_cast<uint32_t>(rnd() % 3);
+            sink.gil_holder(pid, pid + 0x40000000, tid, ts, ts + dur,
+                            c == 0 ? std::string_view() : c == 1 ? std::string_view("hog (app.py)") : std::string_view(odd));
+            break;
+        }
         case 4: sink.gil_waiters(pid, static_cast<uint32_t>(ts % 3), ts, static_cast<uint32_t>(rnd() % 9)); break;
         default: {
             // Names of every length from 0 to 40 (the relay copies short strings its own way).

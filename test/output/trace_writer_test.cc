@@ -284,7 +284,7 @@ TEST_CASE("TraceWriter: the GIL tracker's typed events, line by line against pri
                 }
                 case 2: {
                     const int32_t holder = ids[rnd() % 9];
-                    tw.gil_holder(pid, tid, holder, ts, end);
+                    tw.gil_holder(pid, tid, holder, ts, end, {});
                     std::snprintf(line, sizeof line,
                                   "{\"ph\":\"X\",\"cat\":\"GIL holder\",\"name\":\"GIL held by %d\",\"pid\":%d,\"tid\":%d%s,\"args\":{\"holder\":%d}}",
                                   holder, pid, tid, interval.c_str(), holder);

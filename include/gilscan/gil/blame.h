@@ -81,6 +81,10 @@ public:
     }
     // GilListener: a GIL's holder and waiters from t on.
     void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters) override;
+    // The function charged most of this hold's contended time so far (its
+    // on-CPU time not yet named by a sample: by the hold's last sample), or
+    // empty: the trace's args.culprit on the holder's span.
+    std::string_view hold_culprit(int32_t pid, uint32_t gil, int32_t holder, uint64_t t) override;
     // ThreadObserver (the timeline): sleeps start and end, threads go.
     void sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLabel& label, const Sample& s) override;
     void sleep_ended(int32_t pid, int32_t tid, uint64_t t, int32_t waker_pid, int32_t waker, bool gil_wait) override;
@@ -129,6 +133,10 @@ private:
         uint64_t wait_since = 0;                 // in a GIL wait sleep since (--wait-folded)
         std::shared_ptr<SampleCopy> wait_sample; // that sleep's switch-out (--wait-folded)
         Gil* holds = nullptr;                    // uprobes: the GIL it holds
+        // uprobes: this hold's contended time by stack, and the stack of
+        // the last CPU sample in it (~0u: none): what names its span.
+        std::vector<std::pair<uint32_t, uint64_t>> hold_stacks;
+        uint32_t hold_sample = ~0u;
         // inferred: the process's contended integral where this thread's
         // share was last brought up to date, and the epoch it belongs to.
         uint64_t base = 0, epoch = 0;
@@ -154,6 +162,7 @@ private:
     void set_act(Thread& th, uint64_t t, Act a);
     uint32_t off_stack(Thread& th);
     void book(int32_t pid, int32_t tid, uint32_t stack, uint64_t on, uint64_t off, uint64_t hold);
+    void note_hold(Thread& th, uint32_t stack, uint64_t contended);  // uprobes: into th's hold tally
 
     const ProcessMaps& maps_;
     BlameStacks& stacks_;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -89,7 +90,7 @@ private:
     uint32_t intern(BlameStack&& b);
     ModuleCache& modules_;
     DwarfUnwinder unwinder_;
-    std::vector<BlameStack> stacks_;
+    std::deque<BlameStack> stacks_;  // deque: views of their names stay valid (the trace's culprits)
     std::unordered_map<std::string, uint32_t> ids_;  // frames joined -> id
     // (layout, pc) of a file's frame, or (pid, pc) of JIT code -> its names
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, FrameName>> names_, jit_names_;

@@ -83,6 +83,10 @@ class GilListener {
 public:
     virtual ~GilListener() = default;
     virtual void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters) = 0;
+    // holder's hold of that GIL ends at t (before gil_state tells the new
+    // state): the name to give the hold's span in the trace (args.culprit),
+    // or empty. The text must live until the trace is written.
+    virtual std::string_view hold_culprit(int32_t, uint32_t, int32_t, uint64_t) { return {}; }
 };
 
 class GilTracker final : public EventSink {

@@ -27,12 +27,14 @@ public:
     // copied into the relay and checked for escaping, event by event):
     //   gil_span:    "ph":"X", cat "GIL state", "GIL wait" or "LOCK"; args {"gil":gil+1} for the
     //                process's second GIL and later (subinterpreters with their own), {"cut_at_end":true} when cut
-    //   gil_holder:  "ph":"X" on the track (pid, track_tid), cat "GIL holder", "GIL held by H", args {"holder":H}
+    //   gil_holder:  "ph":"X" on the track (pid, track_tid), cat "GIL holder", "GIL held by H", args {"holder":H},
+    //                and "culprit" (GIL blame's function for the hold's contended time) when not empty
     //   gil_waiters: "ph":"C", "GIL waiters" (the process's GIL `gil` > 0: "GIL waiters (GIL gil+1)"),
     //                args {"waiting":N}
     enum class GilSpan : uint8_t { Wait, Lock };
     virtual void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) = 0;
-    virtual void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) = 0;
+    virtual void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
+                            std::string_view culprit) = 0;
     virtual void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) = 0;
 };
 
@@ -52,7 +54,9 @@ public:
     bool wants_spans() const override { return next_.wants_spans(); }
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override { next_.name_thread(pid, tid, name); }
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) override;
-    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
+    // A culprit is never deferred: GIL blame, which names them, runs without -j workers.
+    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
+                    std::string_view culprit) override;
     void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) override;
 
 private:

@@ -51,7 +51,8 @@ public:
     void span(const Span& s) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) override;
-    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns) override;
+    void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
+                    std::string_view culprit) override;
     void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) override;
 
     // Any thread: formats the oldest queued block unless another thread is
