@@ -243,6 +243,7 @@ void build_timeline(Run& r) {
     if (r.parallel) r.timeline->set_resolver([&r](int64_t t, bool wait) { return r.parallel->resolve(t, wait); });
     if (r.opt.blame) {
         r.blame_stacks = std::make_unique<BlameStacks>(*r.modules);
+        r.blame_stacks->set_full_stacks(!r.opt.blame_folded.empty() || !r.opt.wait_folded.empty());
         r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
         r.blame->set_wait_stacks(!r.opt.wait_folded.empty());
         r.gil->set_listener(r.blame.get());

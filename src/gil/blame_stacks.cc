@@ -99,12 +99,44 @@ uint32_t BlameStacks::resolve(const AddressSpace& as, const Sample& s, bool on_c
     const uint32_t none = on_cpu ? kSampleNoStack : kNoStack;
     if (s.regs_user_abi == 0 || s.stack_user.empty()) return none;
     frames_.clear();
+    // Without full stacks, the walk ends once both names are found (or the
+    // native culprit, in a process without JIT code to name a Python
+    // function): a busy holder's samples are most of the unwinding.
+    const bool may_name_python = full_ || has_jit_code(as);
+    bool native = false, python = false;
     unwinder_.unwind(as, s, [&](const Frame& f) {
         frames_.push_back(f);
-        return FrameAction::Continue;
+        if (full_) return FrameAction::Continue;
+        const FrameName& n = name(as, f);
+        native |= n.glue || n.jit_python;
+        python |= n.jit_python;
+        return native && (python || !may_name_python) ? FrameAction::Stop : FrameAction::Continue;
     }, kMaxFrames);
     ++unwound_;
     if (frames_.empty()) return none;
+    // The same pcs in the same process and layout name the same stack: most
+    // samples of a busy holder repeat an earlier stack, named once.
+    pc_key_.clear();
+    const uint64_t head[2] = {static_cast<uint64_t>(as.pid), layout_of(as)};
+    pc_key_.append(reinterpret_cast<const char*>(head), sizeof head);
+    for (const Frame& f : frames_) pc_key_.append(reinterpret_cast<const char*>(&f.pc), sizeof f.pc);
+    if (auto it = by_pcs_.find(pc_key_); it != by_pcs_.end()) return it->second;
+    const uint32_t id = name_stack(as);
+    by_pcs_.emplace(pc_key_, id);
+    return id;
+}
+
+bool BlameStacks::has_jit_code(const AddressSpace& as) {
+    auto [it, added] = jit_spaces_.try_emplace(as.id, std::make_pair(as.version, false));
+    if (added || it->second.first != as.version) {
+        bool any = false;
+        for (const auto& [start, m] : as.maps) any |= m.exec && (is_jit_mapping(m.path) || is_injected_jit_path(m.path));
+        it->second = {as.version, any};
+    }
+    return it->second.second;
+}
+
+uint32_t BlameStacks::name_stack(const AddressSpace& as) {
     BlameStack b;
     // Innermost first while choosing the names, then reversed: root first.
     std::vector<const FrameName*> named;

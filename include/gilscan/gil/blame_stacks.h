@@ -70,6 +70,10 @@ public:
     static constexpr unsigned kMaxFrames = 256;
 
     explicit BlameStacks(ModuleCache& modules);
+    // Whole stacks, root to leaf (for folded output). Off (the default):
+    // each walk ends at the innermost Python function and native culprit,
+    // and a stack's frames are those up to there.
+    void set_full_stacks(bool on) { full_ = on; }
     // The stack of a sample with REGS_USER and STACK_USER, or kNoStack /
     // kSampleNoStack (on_cpu) when it has none or not one frame unwound.
     uint32_t resolve(const AddressSpace& as, const Sample& s, bool on_cpu);
@@ -87,15 +91,21 @@ private:
         bool glue = false;  // the interpreter's machinery (is_interpreter_frame, or libffi's / _ctypes's file)
     };
     const FrameName& name(const AddressSpace& as, const Frame& f);
+    uint32_t name_stack(const AddressSpace& as);  // frames_ named and interned
+    bool has_jit_code(const AddressSpace& as);    // maps code a perf map or jitdump may name
     uint32_t intern(BlameStack&& b);
     ModuleCache& modules_;
     DwarfUnwinder unwinder_;
     std::deque<BlameStack> stacks_;  // deque: views of their names stay valid (the trace's culprits)
-    std::unordered_map<std::string, uint32_t> ids_;  // frames joined -> id
+    std::unordered_map<std::string, uint32_t> ids_;     // frames joined -> id
+    std::unordered_map<std::string, uint32_t> by_pcs_;  // (pid, layout, pcs) as bytes -> id
+    std::string pc_key_;
     // (layout, pc) of a file's frame, or (pid, pc) of JIT code -> its names
     std::unordered_map<uint64_t, std::unordered_map<uint64_t, FrameName>> names_, jit_names_;
     std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> jit_maps_;
     std::vector<Frame> frames_;
+    std::unordered_map<uint64_t, std::pair<uint64_t, bool>> jit_spaces_;  // space id -> (version, has_jit_code)
+    bool full_ = false;
     bool named_python_ = false;
     uint64_t unwound_ = 0;
 };
