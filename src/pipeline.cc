@@ -71,6 +71,7 @@ struct Run {
     Session session;  // 1. perfdata: the file, header, features, formats
     const bool one_thread;
     StackMode mode = StackMode::OneThread;
+    bool can_have_stacks = false;  // some event records user stacks (or a pipe's events are not known yet)
     // --gil-evidence, read at every sleep.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
 
@@ -117,7 +118,8 @@ void plan_threads(Run& r) {
     // A cache entry made during this run inflates on both threads from -j 2.
     set_debuginfo_cache(r.opt.debuginfo_cache, r.one_thread ? 1 : 2);
     // Pipe mode's attrs are not known yet, a file's are.
-    bool can_have_stacks = r.session.header().pipe;
+    bool& can_have_stacks = r.can_have_stacks;
+    can_have_stacks = r.session.header().pipe;
     for (const auto& ev : r.session.events()) can_have_stacks |= (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
     if (r.one_thread) r.mode = StackMode::OneThread;
     // Blame reads each sleep's label at its switch-out: -j workers' labels come later.
@@ -241,7 +243,9 @@ void build_timeline(Run& r) {
         [&r, by_probes = gil_probe_classifier(*r.gil)](const Sample& s, const EventInfo& ev, const PrevState& ps,
                                                        SleepLabel& label) { label_sleep(r, s, ev, ps, label, by_probes); });
     if (r.parallel) r.timeline->set_resolver([&r](int64_t t, bool wait) { return r.parallel->resolve(t, wait); });
-    if (r.opt.blame) {
+    // Blame names holders by their stacks: a recording without any has
+    // nothing to name them by (add_blame says so).
+    if (r.opt.blame && r.can_have_stacks) {
         r.blame_stacks = std::make_unique<BlameStacks>(*r.modules);
         r.blame_stacks->set_full_stacks(!r.opt.blame_folded.empty() || !r.opt.wait_folded.empty());
         r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
@@ -370,6 +374,11 @@ FileSummary summarise(const Run& r) {
     const std::string evidence_used = add_gil_sleeps(r, summary);
     if (r.opt.gil_functions) add_gil_functions(r, evidence_used, summary);
     if (r.blame) add_blame(r, summary);
+    else if (r.opt.blame && std::any_of(summary.gil_processes.begin(), summary.gil_processes.end(),
+                                        [](const GilProcessStats& p) { return p.contended_ns > 0; }))
+        summary.warnings.push_back("GIL blame: no event of the recording has user stacks, so holders cannot be named "
+                                   "(record CPU samples and sched_switch with --call-graph dwarf: gilscan record "
+                                   "--blame)");
     if (r.timeline->decoder().field_errors())
         summary.warnings.push_back(std::to_string(r.timeline->decoder().field_errors()) +
                                    " tracepoint sample(s) too short for their format");
@@ -393,7 +402,11 @@ void write_trace(Run& r, const FileSummary& summary) {
 
 // 5. Folded stacks of blame (contended hold) and of the waits.
 void write_folded_stacks(const Run& r, const FileSummary& summary) {
-    if (!r.blame) return;
+    if (!r.blame) {  // no stacks to fold (add_blame's warning): the files asked for, empty
+        for (const std::string* f : {&r.opt.blame_folded, &r.opt.wait_folded})
+            if (!f->empty()) write_folded(*f, {});
+        return;
+    }
     std::map<int32_t, std::string> comm;
     for (const auto& t : summary.threads)
         if (t.main_thread || !comm.count(t.st.tgid)) comm[t.st.tgid] = t.st.comm;

@@ -9,10 +9,16 @@ namespace gilscan {
 GilBlame::GilBlame(const ProcessMaps& maps, BlameStacks& stacks) : maps_(maps), stacks_(stacks) {}
 
 GilBlame::Thread& GilBlame::thread(int32_t pid, int32_t tid) {
-    auto [it, added] = threads_.try_emplace(tid);
-    Thread& th = it->second;
-    if (added) th.tid = tid;
-    if (pid > 0) th.pid = pid;
+    Thread* const* p = threads_.find(tid);
+    Thread& th = p ? **p : all_.emplace_back();
+    if (!p) {
+        th.tid = tid;
+        threads_.set(tid, &th);
+    }
+    if (pid > 0 && th.pid != pid) {
+        th.pid = pid;
+        th.process_gil = nullptr;
+    }
     return th;
 }
 
@@ -43,13 +49,13 @@ void GilBlame::note_hold(Thread& th, uint32_t stack, uint64_t contended) {
     th.hold_stacks.emplace_back(stack, contended);
 }
 
-std::string_view GilBlame::hold_culprit(int32_t pid, uint32_t index, int32_t holder, uint64_t t) {
+std::string_view GilBlame::hold_culprit(int32_t pid, uint32_t index, int32_t holder, uint64_t t, void*& cookie) {
     if (!probes_) return {};
-    Gil& g = gil_of(pid, index);
+    Gil& g = cookie ? *static_cast<Gil*>(cookie) : gil_of(pid, index);
+    cookie = &g;
     advance(g, t);  // the hold's last stretch, under the state before t
-    auto it = threads_.find(holder);
-    if (it == threads_.end()) return {};
-    const Thread& th = it->second;
+    if (!g.holder_th || g.holder != holder) return {};
+    const Thread& th = *g.holder_th;
     uint32_t best = ~0u;
     uint64_t most = 0;
     auto consider = [&](uint32_t id, uint64_t ns) {
@@ -69,9 +75,8 @@ std::string_view GilBlame::hold_culprit(int32_t pid, uint32_t index, int32_t hol
 uint32_t GilBlame::off_stack(Thread& th) {
     if (th.off_stack != ~0u) return th.off_stack;
     th.off_stack = BlameStacks::kNoStack;
-    if (th.off_sample && th.off_sample->space)
+    if (th.off_valid && th.off_sample->space)
         th.off_stack = stacks_.resolve(*th.off_sample->space, th.off_sample->sample, false);
-    th.off_sample.reset();
     return th.off_stack;
 }
 
@@ -93,9 +98,9 @@ void GilBlame::charge(Thread& th, uint64_t contended, uint64_t held, Tally& to) 
         } else if (contended) {
             // The same sleep is charged at every catch-up: one entry for it.
             const uint32_t id = th.act == Act::Unknown ? BlameStacks::kUnknown
-                                : th.off_sample         ? ~0u
+                                : th.off_valid          ? ~0u
                                                         : BlameStacks::kNoStack;
-            if (!to.off.empty() && to.off.back().copy == th.off_sample && to.off.back().id == id)
+            if (!to.off.empty() && to.off.back().id == id && (id != ~0u || to.off.back().copy == th.off_sample))
                 to.off.back().ns += contended;
             else
                 to.off.push_back({id == ~0u ? th.off_sample : nullptr, id, contended});
@@ -113,9 +118,7 @@ void GilBlame::advance(Gil& g, uint64_t t) {
         if (g.waiters) g.contended += d;
         return;
     }
-    if (g.holder <= 0) return;
-    auto it = threads_.find(g.holder);
-    if (it != threads_.end()) charge(it->second, g.waiters ? d : 0, d, it->second.sure);
+    if (g.holder_th) charge(*g.holder_th, g.waiters ? d : 0, d, g.holder_th->sure);
 }
 
 void GilBlame::catch_up(Thread& th, uint64_t t) {
@@ -123,10 +126,13 @@ void GilBlame::catch_up(Thread& th, uint64_t t) {
         if (th.holds) advance(*th.holds, t);
         return;
     }
-    if (th.pid <= 0) return;
-    auto it = gils_.find({th.pid, 0});
-    if (it == gils_.end()) return;  // no GIL wait in its process yet
-    Gil& g = it->second;
+    if (!th.process_gil) {
+        if (th.pid <= 0) return;
+        auto it = gils_.find({th.pid, 0});
+        if (it == gils_.end()) return;  // no GIL wait in its process yet
+        th.process_gil = &it->second;
+    }
+    Gil& g = *th.process_gil;
     advance(g, t);
     if (!th.synced) {  // first seen now: on CPU since the last commit, as far as anything says
         th.synced = true;
@@ -160,29 +166,32 @@ void GilBlame::commit(Gil& g, Thread& w, uint64_t t) {
 void GilBlame::set_act(Thread& th, uint64_t t, Act a) {
     catch_up(th, t);
     th.act = a;
-    if (a != Act::OffCpu) {
-        th.off_sample.reset();
-        th.off_stack = ~0u;
-    }
+    th.off_stack = ~0u;
+    th.off_valid = false;  // off_sample kept: its buffer is reused
 }
 
-void GilBlame::gil_state(int32_t pid, uint32_t index, uint64_t t, int32_t holder, uint32_t waiters) {
+void GilBlame::gil_state(int32_t pid, uint32_t index, uint64_t t, int32_t holder, uint32_t waiters, void*& cookie) {
     if (!probes_) {  // the first probe: the uprobes name holders from now on
         probes_ = true;
-        threads_.clear();
+        for (const Thread& th : all_) threads_.erase(th.tid);
+        all_.clear();
         gils_.clear();
         charges_.clear();
         waits_.clear();
+        cookie = nullptr;
     }
-    Gil& g = gil_of(pid, index);
+    Gil& g = cookie ? *static_cast<Gil*>(cookie) : gil_of(pid, index);
+    cookie = &g;
     advance(g, t);
     if (g.holder != holder) {
-        if (g.holder > 0) thread(pid, g.holder).holds = nullptr;
+        if (g.holder_th) g.holder_th->holds = nullptr;
+        g.holder_th = nullptr;
         if (holder > 0) {
             Thread& h = thread(pid, holder);
             h.holds = &g;
             h.hold_stacks.clear();
             h.hold_sample = ~0u;
+            g.holder_th = &h;
         }
     }
     g.holder = holder;
@@ -207,7 +216,12 @@ void GilBlame::sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLa
     // with uprobes only a holder's sleep can be; inferred, any thread's of a
     // process that waits for its GIL.
     const bool may_charge = probes_ ? th.holds != nullptr : gils_.count({th.pid, 0}) > 0;
-    if (may_charge) th.off_sample = std::make_shared<SampleCopy>(maps_.snapshot(pid), s);
+    if (!may_charge) return;
+    // A copy no charge holds any more is refilled: a sleep's 8 KiB stack
+    // without an allocation.
+    if (th.off_sample && th.off_sample.use_count() == 1) th.off_sample->assign(maps_.snapshot(pid), s);
+    else th.off_sample = std::make_shared<SampleCopy>(maps_.snapshot(pid), s);
+    th.off_valid = true;
 }
 
 void GilBlame::sleep_ended(int32_t pid, int32_t tid, uint64_t t, int32_t waker_pid, int32_t waker, bool gil_wait) {
@@ -261,7 +275,7 @@ void GilBlame::cpu_sample(const Sample& s, const EventInfo& ev) {
 
 void GilBlame::finish(uint64_t end) {
     for (auto& [key, g] : gils_) advance(g, end);
-    for (auto& [tid, th] : threads_) {
+    for (Thread& th : all_) {
         catch_up(th, end);
         // On-CPU time no sample came after.
         book(th.pid, th.tid, BlameStacks::kNoSample, th.sure.on_pending, 0, th.sure.hold_on_pending);

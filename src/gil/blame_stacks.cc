@@ -8,7 +8,9 @@
 
 namespace gilscan {
 
-SampleCopy::SampleCopy(std::shared_ptr<const AddressSpace> as, const Sample& s) : space(std::move(as)), sample(s) {
+void SampleCopy::assign(std::shared_ptr<const AddressSpace> as, const Sample& s) {
+    space = std::move(as);
+    sample = s;
     const size_t nr = s.regs_user.bytes.size(), ns = s.stack_user.size();
     bytes.resize(nr + ns);
     if (nr) std::memcpy(bytes.data(), s.regs_user.bytes.data(), nr);

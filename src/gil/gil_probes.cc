@@ -82,7 +82,7 @@ void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
     if (p.holder > 0 && trace_ && t > p.holder_since)
         trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid, p.st.index), p.holder, p.holder_since, t,
-                           listener_ ? listener_->hold_culprit(p.st.pid, p.st.index, p.holder, t) : std::string_view());
+                           listener_ ? listener_->hold_culprit(p.st.pid, p.st.index, p.holder, t, p.cookie) : std::string_view());
     p.holder = tid;
     p.holder_since = t;
 }

@@ -119,10 +119,13 @@ def options():
     a, _ = analyse(path, "-j", "1")
     b, _ = analyse(path, "-j", "2")
     check(a["gil_blame"] == b["gil_blame"], "-j 1 and -j 2: the same blame")
-    # No CPU samples: the on-CPU part is there, unnamed, and a warning says why.
+    # No stacks at all: nothing to name holders by, and a warning says so.
     s, err = analyse(os.path.join(DATA, "gil_uprobes.data"))
+    check("no event of the recording has user stacks" in err and "gil_blame" not in s, "no stacks: warned, no rows")
+    # Stacks on sched_switch but no CPU samples: the on-CPU part is there, unnamed, and a warning says why.
+    s, err = analyse(os.path.join(DATA, "gil_stacks.data"))
     check("no CPU samples" in err, "no CPU samples: warned")
-    check(s.get("gil_blame") and s["gil_blame"][0]["function"] == "[on CPU, no sample]",
+    check(s.get("gil_blame") and any(r["function"] == "[on CPU, no sample]" for r in s["gil_blame"]),
           "no CPU samples: on-CPU hold charged to [on CPU, no sample]")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "b.csv")

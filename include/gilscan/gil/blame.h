@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +39,7 @@
 
 #include "gilscan/gil/blame_stacks.h"
 #include "gilscan/gil/gil_probes.h"
+#include "gilscan/sched/tid_map.h"
 #include "gilscan/sched/timeline.h"
 #include "gilscan/symbols/process_maps.h"
 
@@ -80,11 +82,11 @@ public:
         cpu_sample(s, ev);
     }
     // GilListener: a GIL's holder and waiters from t on.
-    void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters) override;
+    void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters, void*& cookie) override;
     // The function charged most of this hold's contended time so far (its
     // on-CPU time not yet named by a sample: by the hold's last sample), or
     // empty: the trace's args.culprit on the holder's span.
-    std::string_view hold_culprit(int32_t pid, uint32_t gil, int32_t holder, uint64_t t) override;
+    std::string_view hold_culprit(int32_t pid, uint32_t gil, int32_t holder, uint64_t t, void*& cookie) override;
     // ThreadObserver (the timeline): sleeps start and end, threads go.
     void sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLabel& label, const Sample& s) override;
     void sleep_ended(int32_t pid, int32_t tid, uint64_t t, int32_t waker_pid, int32_t waker, bool gil_wait) override;
@@ -129,10 +131,12 @@ private:
         int32_t pid = -1, tid = -1;
         Act act = Act::OnCpu;
         std::shared_ptr<SampleCopy> off_sample;  // the switch-out of the sleep it is in (kept when it may be charged)
+        bool off_valid = false;                  // off_sample is this sleep's (else a buffer kept for reuse)
         uint32_t off_stack = ~0u;                // its resolved id (~0u: not yet)
         uint64_t wait_since = 0;                 // in a GIL wait sleep since (--wait-folded)
         std::shared_ptr<SampleCopy> wait_sample; // that sleep's switch-out (--wait-folded)
         Gil* holds = nullptr;                    // uprobes: the GIL it holds
+        Gil* process_gil = nullptr;              // inferred: its process's (once it has one)
         // uprobes: this hold's contended time by stack, and the stack of
         // the last CPU sample in it (~0u: none): what names its span.
         std::vector<std::pair<uint32_t, uint64_t>> hold_stacks;
@@ -147,6 +151,7 @@ private:
     struct Gil {  // one GIL (uprobes), or one process's (inferred)
         int32_t pid = -1;
         int32_t holder = -1;
+        Thread* holder_th = nullptr;  // uprobes: holder's entry
         uint32_t waiters = 0;
         uint64_t since = 0;       // the state above holds from here
         uint64_t contended = 0;   // inferred: ns with a waiter, up to `since`
@@ -168,7 +173,8 @@ private:
     BlameStacks& stacks_;
     bool probes_ = false;
     bool wait_stacks_ = false;
-    std::unordered_map<int32_t, Thread> threads_;
+    std::deque<Thread> all_;      // deque: entries never move (Gil::holder_th points at one)
+    PtrIdMap<Thread> threads_;    // tid -> its entry in all_
     std::map<std::pair<int32_t, uint32_t>, Gil> gils_;
     std::map<std::pair<int32_t, uint32_t>, BlameCharge> charges_;
     std::map<std::pair<int32_t, uint32_t>, uint64_t> waits_;

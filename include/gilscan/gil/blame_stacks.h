@@ -47,7 +47,9 @@ struct SampleCopy {
     std::shared_ptr<const AddressSpace> space;
     Sample sample;
     std::vector<uint8_t> bytes;
-    SampleCopy(std::shared_ptr<const AddressSpace> as, const Sample& s);
+    SampleCopy(std::shared_ptr<const AddressSpace> as, const Sample& s) { assign(std::move(as), s); }
+    // Another sample into the same copy (its buffer's capacity kept).
+    void assign(std::shared_ptr<const AddressSpace> as, const Sample& s);
     SampleCopy(const SampleCopy&) = delete;
     SampleCopy& operator=(const SampleCopy&) = delete;
 };

@@ -82,11 +82,14 @@ enum class GilState : uint8_t { None, Waiting, Holding, Dropping };
 class GilListener {
 public:
     virtual ~GilListener() = default;
-    virtual void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters) = 0;
+    // `cookie` is the listener's own, kept with that GIL by the tracker
+    // (null at first): a probe's call finds the listener's entry without
+    // a lookup (most of a uprobe capture's records are probes).
+    virtual void gil_state(int32_t pid, uint32_t gil, uint64_t t, int32_t holder, uint32_t waiters, void*& cookie) = 0;
     // holder's hold of that GIL ends at t (before gil_state tells the new
     // state): the name to give the hold's span in the trace (args.culprit),
     // or empty. The text must live until the trace is written.
-    virtual std::string_view hold_culprit(int32_t, uint32_t, int32_t, uint64_t) { return {}; }
+    virtual std::string_view hold_culprit(int32_t, uint32_t, int32_t, uint64_t, void*&) { return {}; }
 };
 
 class GilTracker final : public EventSink {
@@ -124,6 +127,7 @@ private:
         uint32_t holders = 0, waiters = 0;
         uint64_t changed = 0;
         uint32_t gils = 1;  // the process's first GIL: how many the process has
+        void* cookie = nullptr;  // the listener's (GilListener::gil_state)
     };
     struct Thread {
         GilThreadStats st;
@@ -156,8 +160,8 @@ private:
     void end_wait(Thread& th, uint64_t t, bool cut);
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
 
-    void tell(const Process& p, uint64_t t) {
-        if (listener_) listener_->gil_state(p.st.pid, p.st.index, t, p.holders ? p.holder : -1, p.waiters);
+    void tell(Process& p, uint64_t t) {
+        if (listener_) listener_->gil_state(p.st.pid, p.st.index, t, p.holders ? p.holder : -1, p.waiters, p.cookie);
     }
 
     TraceSink* trace_;
