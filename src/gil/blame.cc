@@ -200,12 +200,21 @@ void GilBlame::gil_state(int32_t pid, uint32_t index, uint64_t t, int32_t holder
 
 void GilBlame::sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLabel& label, const Sample& s) {
     Thread& th = thread(pid, tid);
+    if (label.name == "S(GIL handoff)") {  // drop_gil waiting for the taker: the GIL is released
+        set_act(th, t, Act::Waiting);
+        return;
+    }
     if (label.gil) {
         set_act(th, t, Act::Waiting);
         if (!probes_ && th.pid > 0) {
             Gil& g = gil_of(th.pid, 0);
             advance(g, t);
             ++g.waiters;
+            // A thread that waits for the GIL let it go before: had it held
+            // it while another waited, it would have woken that one
+            // (drop_gil's signal) and committed. What it did since the last
+            // hand-off was not a hold.
+            th.maybe.clear();
         }
         th.wait_since = t;
         if (wait_stacks_) th.wait_sample = std::make_shared<SampleCopy>(maps_.snapshot(pid), s);
