@@ -37,7 +37,7 @@ constexpr std::string_view kInterpreterPrefixes[] = {
     "method_vectorcall", "cfunction_vectorcall", "cfunction_call", "_PyCFunction_", "PyCFunction_",
     "_PyMethodDef_", "method_call", "slot_tp_call", "vectorcall_", "_Py_call_", "call_trampoline",
     "builtin_call", "ext_do_call", "PyCFuncPtr_call", "_ctypes_callproc", "ffi_call", "_call_function_pointer",
-    "_PyEval_EvalFrameDefault", "_TAIL_CALL_", "partial_vectorcall", "partial_call", "thread_run",
+    "_TAIL_CALL_", "partial_vectorcall", "partial_call", "thread_run",
     "pythread_wrapper", "_Py_trampoline"};
 
 }  // namespace
@@ -73,7 +73,6 @@ std::string function_of(std::string_view text, std::string_view module) {
     if (end == std::string_view::npos) end = text.rfind(" (");
     return std::string(text.substr(0, end));
 }
-bool in_jit_code(const Frame& f) { return !f.module && f.mapping && f.mapping->exec && is_jit_mapping(f.mapping->path); }
 }  // namespace
 
 const BlameStacks::FrameName& BlameStacks::name(const AddressSpace& as, const Frame& f) {

@@ -131,11 +131,6 @@ void GilStackClassifier::maps_for(uint64_t layout) {
 }
 
 namespace {
-// A frame in anonymous executable memory, no file's: what perf names from
-// the process's perf map (perf_map.h).
-bool in_jit_code(const Frame& f) {
-    return !f.module && f.mapping && f.mapping->exec && is_jit_mapping(f.mapping->path);
-}
 // A frame in one of the ELF files `perf inject --jit` wrote for a jitdump's
 // code loads (jitted-PID-N.so): the same JIT code, in a recording already
 // injected, named by its file's symbol.

@@ -1,11 +1,11 @@
 // Stage: GIL blame — who holds the GIL while other threads of its process
 // wait for it, and what the holder was doing then.
 //
-//   GilBlame blame(maps, stacks, tracker_or_null);   // tracker: the uprobes' GilTracker
+//   GilBlame blame(maps, stacks);   // holders inferred until the uprobes' GilTracker calls it
 //   tracker.set_listener(&blame); timeline.set_observer(&blame);
 //   FanOutOf<ProcessMaps, GilTracker, Timeline, GilBlame> stages(...);   // last: CPU samples
 //   blame.finish(end);
-//   blame.rows()   // by (process, stack): contended on / off CPU, hold, threads
+//   blame_rows(blame.charges(), stacks, blame.inferred())   // by (process, function), most contended first
 //
 // Contended hold: an instant at which a thread holds its process's GIL
 // while at least one other thread waits for it. It is charged to what the

@@ -41,6 +41,12 @@ struct Frame {
     void* dwfl = nullptr;   // the Dwfl it was unwound with (for describe_frame)
 };
 
+// A frame in anonymous executable memory, no file's: JIT code, which perf
+// (and gilscan) name from the process's perf map (perf_map.h).
+inline bool in_jit_code(const Frame& f) {
+    return !f.module && f.mapping && f.mapping->exec && is_jit_mapping(f.mapping->path);
+}
+
 enum class FrameAction { Continue, Stop };
 
 enum class UnwindStatus {
