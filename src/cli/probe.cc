@@ -10,6 +10,17 @@
 
 namespace gilscan {
 
+namespace {
+
+// probes of `ev` are named ev__return, ev__return_1, ...: another function's
+// (take_gil_1__return for take_gil) has more after the prefix than an index.
+bool tp_suffix_is_other(const std::string& event, const std::string& ev) {
+    const std::string rest = event.substr(ev.size() + 8);
+    return !rest.empty() && (rest[0] != '_' || rest.find_first_not_of("0123456789", 1) != std::string::npos);
+}
+
+}  // namespace
+
 int probe_main(int argc, char** argv) {
     bool print = false, remove = false;
     std::string group;
@@ -59,13 +70,23 @@ int probe_main(int argc, char** argv) {
                         std::string base = symbol_base_name(fns[i].name) == "take_gil" ? "take_gil" : "drop_gil";
                         std::string ev = i == 0 ? base : base + "_" + std::to_string(i);
                         // The entry probe's fetch argument, as uprobe_events has it (perf probe
-                        // passes a raw one through).
-                        std::string args;
+                        // passes a raw one through); each exit as name+offset, or %return.
+                        std::string args, entry, exits;
+                        uint64_t at = 0;
                         for (const auto& p : plan.probes)
-                            if (!p.ret && p.event == ev && !p.args.empty()) args = " " + p.args;
-                        std::printf("# or: perf probe -x %s -a '%s:%s=%s%s' -a '%s:%s=%s%%return'\n", bin.c_str(),
-                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str(), args.c_str(),
-                                    plan.group.c_str(), ev.c_str(), fns[i].name.c_str());
+                            if (!p.ret && p.event == ev) {
+                                at = p.offset;
+                                if (!p.args.empty()) args = " " + p.args;
+                            }
+                        for (const auto& p : plan.probes) {
+                            if (p.event.rfind(ev + "__return", 0) != 0 || tp_suffix_is_other(p.event, ev)) continue;
+                            char site[64];
+                            std::snprintf(site, sizeof site, "+0x%llx", static_cast<unsigned long long>(p.offset - at));
+                            exits += " -a '" + plan.group + ":" + p.event + "=" + fns[i].name +
+                                     (p.ret ? std::string("%return") : site) + "'";
+                        }
+                        std::printf("# or: perf probe -x %s -a '%s:%s=%s%s'%s\n", bin.c_str(), plan.group.c_str(),
+                                    ev.c_str(), fns[i].name.c_str(), args.c_str(), exits.c_str());
                     }
             }
             continue;

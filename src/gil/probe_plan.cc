@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "gilscan/gil/gil_arg.h"
+#include "gilscan/symbols/exit_sites.h"
 #include "gilscan/symbols/gil_locator.h"
 #include "gilscan/symbols/py2_gil.h"
 
@@ -202,6 +203,30 @@ void plan_python2(const ElfFile& elf, ProbePlan& plan) {
     }
 }
 
+// The return probes of one function: a plain uprobe on each of its exits
+// (exit_sites.h: a uretprobe would cut every stack sampled inside it),
+// named <ev>__return, <ev>__return_1, ...; a uretprobe when its exits
+// cannot all be known, and a note that says so.
+void add_returns(const ElfFile& elf, const std::map<uint64_t, std::string>& plt, const GilFunction& f,
+                 const std::string& ev, ProbePlan& plan) {
+    FunctionExits exits;
+    if (f.size) exits = function_exits(elf, f.vaddr, f.vaddr + f.size, plt);
+    else exits.unsure = "its extent is unknown";
+    std::vector<uint64_t> offsets;
+    for (uint64_t a : exits.at)
+        if (auto off = elf.vaddr_to_offset(a)) offsets.push_back(*off);
+        else exits.unsure = "an exit is not in a loaded segment";
+    if (!exits.unsure.empty()) {
+        plan.loc.notes.push_back(ev + "__return: a return probe (uretprobe), as its exits are not all known (" +
+                                 exits.unsure + "): stacks sampled inside " + f.name + " stop there");
+        plan.probes.push_back({plan.group, ev + "__return", plan.binary, *elf.vaddr_to_offset(f.vaddr), true, {}});
+        return;
+    }
+    for (size_t k = 0; k < offsets.size(); ++k)
+        plan.probes.push_back({plan.group, ev + "__return" + (k ? "_" + std::to_string(k) : ""), plan.binary,
+                               offsets[k], false, {}});
+}
+
 }  // namespace
 
 ProbePlan plan_probes(const std::string& binary, const std::string& group) {
@@ -218,6 +243,7 @@ ProbePlan plan_probes(const std::string& binary, const std::string& group) {
         std::string why = plan.loc.notes.empty() ? "take_gil not found" : plan.loc.notes.back();
         throw Error(binary, Error::no_offset, why);
     }
+    const auto plt = plt_stub_names(elf);
     auto add = [&](const std::vector<GilFunction>& fns, const char* base) {
         for (size_t i = 0; i < fns.size(); ++i) {
             auto off = elf.vaddr_to_offset(fns[i].vaddr);
@@ -239,7 +265,7 @@ ProbePlan plan_probes(const std::string& binary, const std::string& group) {
                 }
             }
             plan.probes.push_back({plan.group, ev, binary, *off, false, args});
-            plan.probes.push_back({plan.group, ev + "__return", binary, *off, true, {}});
+            add_returns(elf, plt, fns[i], ev, plan);
         }
     };
     add(plan.loc.take, "take_gil");

@@ -10,18 +10,22 @@ namespace gilscan {
 TpKind gil_probe_kind(std::string_view name) {
     size_t colon = name.rfind(':');
     std::string_view ev = colon == std::string_view::npos ? name : name.substr(colon + 1);
-    bool ret = false;
-    if (ev.size() > 8 && ev.substr(ev.size() - 8) == "__return") {
-        ret = true;
-        ev.remove_suffix(8);
-    }
     // perf probe's duplicate suffix: take_gil_1, take_gil_2, ...
-    size_t us = ev.rfind('_');
-    if (us != std::string_view::npos && us + 1 < ev.size()) {
-        bool digits = true;
-        for (char ch : ev.substr(us + 1)) digits &= ch >= '0' && ch <= '9';
-        if (digits) ev = ev.substr(0, us);
+    auto without_index = [](std::string_view e) {
+        size_t us = e.rfind('_');
+        if (us == std::string_view::npos || us + 1 >= e.size()) return e;
+        for (char ch : e.substr(us + 1))
+            if (ch < '0' || ch > '9') return e;
+        return e.substr(0, us);
+    };
+    // A return, as perf probe names one (take_gil__return), or one of a
+    // function's several exits, each a plain probe (take_gil__return_1).
+    bool ret = false;
+    if (std::string_view r = without_index(ev); r.size() > 8 && r.substr(r.size() - 8) == "__return") {
+        ret = true;
+        ev = r.substr(0, r.size() - 8);
     }
+    ev = without_index(ev);
     if (ev == "take_gil") return ret ? TpKind::GilTakeReturn : TpKind::GilTake;
     if (ev == "drop_gil") return ret ? TpKind::GilDropReturn : TpKind::GilDrop;
     return TpKind::Other;

@@ -1,10 +1,13 @@
 #include "gilscan/symbols/elf_file.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <iterator>
 
+#include <fcntl.h>
 #include <lzma.h>
+#include <unistd.h>
 
 #include "gilscan/symbols/elf_note.h"
 
@@ -283,6 +286,25 @@ Bytes ElfFile::bytes_at(uint64_t vaddr, uint64_t n) const {
         return b.subspan(off, std::min({n, avail, b.size() - off}));
     }
     return {};
+}
+
+std::vector<uint8_t> ElfFile::code_at(uint64_t vaddr, uint64_t n) const {
+    const Bytes mapped = bytes_at(vaddr, n);
+    std::vector<uint8_t> out(mapped.begin(), mapped.end());
+    const auto off = vaddr_to_offset(vaddr);
+    if (!image_.empty() || out.empty() || !off) return out;  // an in-memory image has no probes
+    const int fd = ::open(path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return out;
+    size_t got = 0;
+    while (got < out.size()) {
+        const ssize_t r = ::pread(fd, out.data() + got, out.size() - got, static_cast<off_t>(*off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += static_cast<size_t>(r);
+    }
+    ::close(fd);
+    if (got < out.size()) out.assign(mapped.begin(), mapped.end());  // the file changed: what is mapped
+    return out;
 }
 
 }  // namespace gilscan

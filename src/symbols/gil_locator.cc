@@ -71,47 +71,6 @@ struct Capstone {
     void free(cs_insn* insn, size_t n) const { lib.free(insn, n); }
 };
 
-// DWARF pointer encodings used by .eh_frame (DW_EH_PE_*).
-uint64_t read_encoded(Cursor& c, uint8_t enc, uint64_t field_vaddr, uint64_t datarel_base) {
-    int64_t v = 0;
-    switch (enc & 0x0f) {
-    case 0x00: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // absptr
-    case 0x03: v = c.read<uint32_t>(); break;                        // udata4
-    case 0x04: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // udata8
-    case 0x0b: v = c.read<int32_t>(); break;                         // sdata4
-    case 0x0c: v = c.read<int64_t>(); break;                         // sdata8
-    case 0x02: v = c.read<uint16_t>(); break;                        // udata2
-    case 0x0a: v = c.read<int16_t>(); break;                         // sdata2
-    default: c.fail("unsupported pointer encoding " + std::to_string(enc));
-    }
-    switch (enc & 0x70) {
-    case 0x10: v += static_cast<int64_t>(field_vaddr); break;   // pcrel
-    case 0x30: v += static_cast<int64_t>(datarel_base); break;  // datarel
-    default: break;
-    }
-    return static_cast<uint64_t>(v);
-}
-
-uint64_t uleb(Cursor& c) {
-    uint64_t v = 0;
-    for (unsigned shift = 0; shift < 64; shift += 7) {
-        uint8_t b = c.read<uint8_t>();
-        v |= static_cast<uint64_t>(b & 0x7f) << shift;
-        if (!(b & 0x80)) return v;
-    }
-    c.fail("overlong LEB128");
-}
-
-void sleb(Cursor& c) { uleb(c); }
-
-// Cursor positioned at a virtual address of a file-backed section.
-std::optional<Cursor> cursor_at(const ElfFile& elf, uint64_t vaddr, uint64_t max) {
-    Bytes b = elf.bytes_at(vaddr, max);
-    if (b.empty()) return std::nullopt;
-    auto off = elf.vaddr_to_offset(vaddr);
-    return Cursor(b, false, &elf.path(), off.value_or(0));
-}
-
 bool exported_function(const ElfFile& elf, uint64_t addr) {
     for (const auto& s : elf.symbols())
         if (s.dynamic && s.defined && s.value == addr && (s.type == STT_FUNC || s.type == STT_GNU_IFUNC)) return true;
@@ -225,9 +184,9 @@ std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf) {
     for (const char* name : {".plt", ".plt.sec", ".plt.got"}) {
         const ElfSection* sec = elf.section(name);
         if (!sec || !sec->addr) continue;
-        Bytes code = elf.bytes_at(sec->addr, sec->size);
+        const std::vector<uint8_t> code = elf.code_at(sec->addr, sec->size);
         cs_insn* insn = nullptr;
-        size_t n = cs.disasm(code, sec->addr, &insn);
+        size_t n = cs.disasm(Bytes(code.data(), code.size()), sec->addr, &insn);
         for (size_t i = 0; i < n; ++i) {
             if (insn[i].id != X86_INS_JMP || !insn[i].detail || insn[i].detail->x86.op_count != 1) continue;
             const cs_x86_op& op = insn[i].detail->x86.operands[0];
@@ -241,96 +200,36 @@ std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf) {
     return out;
 }
 
-std::optional<std::pair<uint64_t, uint64_t>> fde_range(const ElfFile& elf, uint64_t pc) {
-    const ElfSection* hdr = elf.section(".eh_frame_hdr");
-    if (!hdr || !hdr->addr) return std::nullopt;
-    try {
-        auto c = cursor_at(elf, hdr->addr, hdr->size);
-        if (!c) return std::nullopt;
-        if (c->read<uint8_t>() != 1) return std::nullopt;
-        uint8_t ptr_enc = c->read<uint8_t>(), count_enc = c->read<uint8_t>(), table_enc = c->read<uint8_t>();
-        read_encoded(*c, ptr_enc, hdr->addr + c->pos(), hdr->addr);
-        uint64_t count = read_encoded(*c, count_enc, hdr->addr + c->pos(), hdr->addr);
-        if (table_enc != 0x3b) return std::nullopt;  // datarel|sdata4: what every linker writes
-        c->check_count(count, 8, "eh_frame_hdr table");
-        // Binary search the sorted (initial_location, fde) table.
-        const size_t table = c->pos();
-        uint64_t lo = 0, hi = count;
-        while (lo < hi) {
-            uint64_t mid = (lo + hi) / 2;
-            c->seek(table + mid * 8);
-            uint64_t loc = hdr->addr + static_cast<uint64_t>(static_cast<int64_t>(c->read<int32_t>()));
-            if (loc <= pc) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo == 0) return std::nullopt;
-        c->seek(table + (lo - 1) * 8 + 4);
-        uint64_t fde = hdr->addr + static_cast<uint64_t>(static_cast<int64_t>(c->read<int32_t>()));
-        // The FDE, and the CIE that gives its pointer encoding.
-        auto f = cursor_at(elf, fde, 64);
-        if (!f) return std::nullopt;
-        uint32_t len = f->read<uint32_t>();
-        if (len == 0 || len == 0xffffffffu) return std::nullopt;
-        uint64_t cie_field = fde + 4;
-        uint32_t cie_ptr = f->read<uint32_t>();
-        uint64_t cie = cie_field - cie_ptr;
-        auto ci = cursor_at(elf, cie, 256);
-        if (!ci) return std::nullopt;
-        ci->read<uint32_t>();                           // length
-        if (ci->read<uint32_t>() != 0) return std::nullopt;  // CIE id
-        uint8_t version = ci->read<uint8_t>();
-        std::string aug(ci->cstring());
-        uleb(*ci);
-        sleb(*ci);
-        if (version == 1) ci->read<uint8_t>();
-        else uleb(*ci);
-        uint8_t fde_enc = 0;  // absptr unless 'R' says otherwise
-        if (!aug.empty() && aug[0] == 'z') {
-            uleb(*ci);
-            for (char a : aug.substr(1)) {
-                if (a == 'R') {
-                    fde_enc = ci->read<uint8_t>();
-                } else if (a == 'P') {
-                    uint8_t penc = ci->read<uint8_t>();
-                    read_encoded(*ci, penc, 0, 0);
-                } else if (a == 'L') {
-                    ci->read<uint8_t>();
-                } else if (a != 'S' && a != 'B') {
-                    break;
-                }
-            }
-        }
-        uint64_t begin = read_encoded(*f, fde_enc, fde + f->pos(), 0);
-        uint64_t range = read_encoded(*f, static_cast<uint8_t>(fde_enc & 0x0f), 0, 0);
-        if (pc < begin || pc - begin >= range) return std::nullopt;
-        return std::make_pair(begin, begin + range);
-    } catch (const Error&) {
-        return std::nullopt;
-    }
-}
-
 CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std::map<uint64_t, std::string>& plt) {
     CallScan out;
     Capstone cs;
     if (!cs.h || end <= start) return out;
-    Bytes code = elf.bytes_at(start, end - start);
+    const std::vector<uint8_t> code = elf.code_at(start, end - start);
     cs_insn* insn = nullptr;
-    size_t n = cs.disasm(code, start, &insn);
+    size_t n = cs.disasm(Bytes(code.data(), code.size()), start, &insn);
     for (size_t i = 0; i < n; ++i) {
         const bool call = insn[i].id == X86_INS_CALL, jmp = insn[i].id == X86_INS_JMP;
+        if (insn[i].id == X86_INS_RET) out.rets.push_back(insn[i].address);
         if (!call && !jmp && insn[i].detail) {  // a conditional jump: only where it may land
             const cs_detail& d = *insn[i].detail;
             if (std::find(d.groups, d.groups + d.groups_count, CS_GRP_JUMP) != d.groups + d.groups_count &&
-                d.x86.op_count == 1 && d.x86.operands[0].type == X86_OP_IMM)
-                out.branch_targets.push_back(static_cast<uint64_t>(d.x86.operands[0].imm));
+                d.x86.op_count == 1 && d.x86.operands[0].type == X86_OP_IMM) {
+                const auto target = static_cast<uint64_t>(d.x86.operands[0].imm);
+                out.branch_targets.push_back(target);
+                if (target < start || target >= end) out.far_branches.emplace_back(insn[i].address, target);
+            }
             continue;
         }
-        if ((!call && !jmp) || !insn[i].detail || insn[i].detail->x86.op_count != 1) continue;
+        if ((!call && !jmp) || !insn[i].detail || insn[i].detail->x86.op_count != 1) {
+            if (jmp) out.indirect_jumps.push_back(insn[i].address);
+            continue;
+        }
         const cs_x86_op& op = insn[i].detail->x86.operands[0];
         uint64_t target = 0;
         if (op.type == X86_OP_IMM) {
             target = static_cast<uint64_t>(op.imm);
         } else {
+            if (jmp) out.indirect_jumps.push_back(insn[i].address);
             continue;  // indirect: not followed
         }
         if (jmp && target >= start && target < end) {  // a branch inside the function

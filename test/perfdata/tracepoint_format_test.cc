@@ -88,6 +88,10 @@ TEST_CASE("GIL uprobe names in any group, with perf's duplicate suffixes") {
     CHECK(gil_probe_kind("probe_libpython3:take_gil_1") == TpKind::GilTake);
     CHECK(gil_probe_kind("python:drop_gil_2__return") == TpKind::GilDropReturn);
     CHECK(gil_probe_kind("python:take_gil_helper") == TpKind::Other);
+    // One of a function's several exits, each a plain probe (exit_sites.h).
+    CHECK(gil_probe_kind("gilscan_x:take_gil__return_1") == TpKind::GilTakeReturn);
+    CHECK(gil_probe_kind("gilscan_x:drop_gil_1__return_12") == TpKind::GilDropReturn);
+    CHECK(gil_probe_kind("gilscan_x:take_gil__returns_1") == TpKind::Other);
     CHECK(gil_probe_kind("sched:sched_switch") == TpKind::Other);
 }
 

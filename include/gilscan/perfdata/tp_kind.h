@@ -29,7 +29,8 @@ enum class TpKind : uint8_t {
 };
 
 // Uprobe event names: take_gil, take_gil__return, take_gil_1 (perf's suffix
-// for an inlined function placed several times), any group.
+// for an inlined function placed several times), take_gil_1__return_2 (one
+// of several exits, each probed: exit_sites.h), any group.
 TpKind gil_probe_kind(std::string_view event_name);
 struct TpFormat;
 

@@ -68,6 +68,12 @@ public:
     // Up to n file bytes starting at vaddr (fewer at the end of the segment).
     Bytes bytes_at(uint64_t vaddr, uint64_t n) const;
     Bytes bytes() const { return file_.bytes(); }
+    // The same bytes read from the file (pread), not through the mapping:
+    // code to disassemble. While a uprobe on this file is active for every
+    // process (perf record -a), the kernel writes its breakpoint (int3)
+    // into each mapping of the file that may execute, and a read-only
+    // private mapping may (VM_MAYEXEC): through it a probed `ret` reads 0xcc.
+    std::vector<uint8_t> code_at(uint64_t vaddr, uint64_t n) const;
 
     // MiniDebugInfo: the xz-compressed ELF in .gnu_debugdata (Fedora and
     // others keep a small .symtab there), decompressed; nullptr if none.

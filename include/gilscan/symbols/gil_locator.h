@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gilscan/symbols/eh_frame.h"
 #include "gilscan/symbols/elf_file.h"
 
 namespace gilscan {
@@ -66,8 +67,6 @@ bool capstone_available();
 // PLT stub address -> imported function name (from .rela.plt and the stubs).
 std::map<uint64_t, std::string> plt_stub_names(const ElfFile& elf);
 
-// [start, end) of the .eh_frame FDE that covers pc.
-std::optional<std::pair<uint64_t, uint64_t>> fde_range(const ElfFile& elf, uint64_t pc);
 
 // Direct call / jmp targets in [start, end) and the PLT imports called there.
 struct CallSite {
@@ -81,6 +80,9 @@ struct CallScan {
     std::vector<std::string> imports;    // PLT functions called or jumped to
     std::vector<CallSite> sites;         // every such call and jump, in order
     std::vector<uint64_t> branch_targets;  // where direct jumps (conditional or not) may land
+    std::vector<uint64_t> rets;            // ret instructions
+    std::vector<uint64_t> indirect_jumps;  // jmp through a register or memory (a switch, an indirect tail call)
+    std::vector<std::pair<uint64_t, uint64_t>> far_branches;  // conditional jumps leaving the range: at, target
 };
 CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std::map<uint64_t, std::string>& plt);
 

@@ -1,0 +1,177 @@
+#include "gilscan/symbols/eh_frame.h"
+
+#include <string>
+
+#include "gilscan/perfdata/cursor.h"
+
+namespace gilscan {
+
+namespace {
+
+// DWARF pointer encodings used by .eh_frame (DW_EH_PE_*).
+uint64_t read_encoded(Cursor& c, uint8_t enc, uint64_t field_vaddr, uint64_t datarel_base) {
+    int64_t v = 0;
+    switch (enc & 0x0f) {
+    case 0x00: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // absptr
+    case 0x03: v = c.read<uint32_t>(); break;                        // udata4
+    case 0x04: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // udata8
+    case 0x0b: v = c.read<int32_t>(); break;                         // sdata4
+    case 0x0c: v = c.read<int64_t>(); break;                         // sdata8
+    case 0x02: v = c.read<uint16_t>(); break;                        // udata2
+    case 0x0a: v = c.read<int16_t>(); break;                         // sdata2
+    default: c.fail("unsupported pointer encoding " + std::to_string(enc));
+    }
+    switch (enc & 0x70) {
+    case 0x10: v += static_cast<int64_t>(field_vaddr); break;   // pcrel
+    case 0x30: v += static_cast<int64_t>(datarel_base); break;  // datarel
+    default: break;
+    }
+    return static_cast<uint64_t>(v);
+}
+
+uint64_t uleb(Cursor& c) {
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 64; shift += 7) {
+        uint8_t b = c.read<uint8_t>();
+        v |= static_cast<uint64_t>(b & 0x7f) << shift;
+        if (!(b & 0x80)) return v;
+    }
+    c.fail("overlong LEB128");
+}
+
+void sleb(Cursor& c) { uleb(c); }
+
+// Cursor positioned at a virtual address of a file-backed section.
+std::optional<Cursor> cursor_at(const ElfFile& elf, uint64_t vaddr, uint64_t max) {
+    Bytes b = elf.bytes_at(vaddr, max);
+    if (b.empty()) return std::nullopt;
+    auto off = elf.vaddr_to_offset(vaddr);
+    return Cursor(b, false, &elf.path(), off.value_or(0));
+}
+
+// The FDE address .eh_frame_hdr's sorted (initial_location, fde) table gives for pc, or 0.
+uint64_t fde_for(const ElfFile& elf, uint64_t pc) {
+    const ElfSection* hdr = elf.section(".eh_frame_hdr");
+    if (!hdr || !hdr->addr) return 0;
+    auto c = cursor_at(elf, hdr->addr, hdr->size);
+    if (!c) return 0;
+    if (c->read<uint8_t>() != 1) return 0;
+    uint8_t ptr_enc = c->read<uint8_t>(), count_enc = c->read<uint8_t>(), table_enc = c->read<uint8_t>();
+    read_encoded(*c, ptr_enc, hdr->addr + c->pos(), hdr->addr);
+    uint64_t count = read_encoded(*c, count_enc, hdr->addr + c->pos(), hdr->addr);
+    if (table_enc != 0x3b) return 0;  // datarel|sdata4: what every linker writes
+    c->check_count(count, 8, "eh_frame_hdr table");
+    const size_t table = c->pos();
+    uint64_t lo = 0, hi = count;
+    while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        c->seek(table + mid * 8);
+        uint64_t loc = hdr->addr + static_cast<uint64_t>(static_cast<int64_t>(c->read<int32_t>()));
+        if (loc <= pc) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return 0;
+    c->seek(table + (lo - 1) * 8 + 4);
+    return hdr->addr + static_cast<uint64_t>(static_cast<int64_t>(c->read<int32_t>()));
+}
+
+struct Cie {
+    uint8_t fde_enc = 0;    // absptr unless 'R' says otherwise
+    bool z = false;         // FDEs carry an augmentation data length
+    bool standard = false;  // initial rules: CFA = rsp + 8, return address at CFA - 8, nothing else
+};
+
+// The x86-64 entry rules every compiler's CIE states: DW_CFA_def_cfa rsp(7)
+// 8, DW_CFA_offset rip(16) 1 (x data alignment -8), then padding.
+bool standard_rules(Bytes ins) {
+    static constexpr uint8_t kEntry[] = {0x0c, 0x07, 0x08, 0x90, 0x01};
+    if (ins.size() < sizeof kEntry) return false;
+    for (size_t i = 0; i < ins.size(); ++i)
+        if (i < sizeof kEntry ? ins[i] != kEntry[i] : ins[i] != 0) return false;
+    return true;
+}
+
+std::optional<Cie> read_cie(const ElfFile& elf, uint64_t at) {
+    auto ci = cursor_at(elf, at, 4);
+    if (!ci) return std::nullopt;
+    const uint32_t len = ci->read<uint32_t>();
+    if (len < 8 || len == 0xffffffffu) return std::nullopt;
+    ci = cursor_at(elf, at, 4 + uint64_t{len});
+    if (!ci) return std::nullopt;
+    ci->skip(4);
+    if (ci->read<uint32_t>() != 0) return std::nullopt;  // CIE id
+    uint8_t version = ci->read<uint8_t>();
+    std::string aug(ci->cstring());
+    uleb(*ci);  // code alignment
+    sleb(*ci);  // data alignment
+    if (version == 1) ci->read<uint8_t>();
+    else uleb(*ci);  // return address register
+    Cie out;
+    if (!aug.empty() && aug[0] == 'z') {
+        out.z = true;
+        const uint64_t data = uleb(*ci);
+        const size_t fields = ci->pos();
+        ci->skip(data);  // checked: the data lies inside the CIE
+        const size_t instructions = ci->pos();
+        ci->seek(fields);
+        for (char a : aug.substr(1)) {
+            if (a == 'R') out.fde_enc = ci->read<uint8_t>();
+            else if (a == 'P') read_encoded(*ci, ci->read<uint8_t>(), 0, 0);
+            else if (a == 'L') ci->read<uint8_t>();
+            else if (a != 'S' && a != 'B') return std::nullopt;  // unknown: its data's meaning too
+        }
+        ci->seek(instructions);
+    }
+    out.standard = standard_rules(ci->bytes(ci->left()));
+    return out;
+}
+
+// What the frame is where the FDE starts: its first instruction (after the
+// augmentation data) either advances (the CIE's entry rules hold at start)
+// or restates rules before any advance (code inside another frame).
+Fde::Frame frame_at_start(Cursor& f, const Cie& cie) {
+    if (!cie.standard) return Fde::Unknown;
+    if (cie.z) f.skip(uleb(f));
+    while (f.left()) {
+        const uint8_t op = f.read<uint8_t>();
+        if (op == 0x00) continue;                                          // DW_CFA_nop
+        if ((op >> 6) == 1 || op == 0x02 || op == 0x03 || op == 0x04) return Fde::Entry;  // DW_CFA_advance_loc*
+        return Fde::Inside;
+    }
+    return Fde::Entry;  // no instructions: a leaf that never moves rsp
+}
+
+}  // namespace
+
+std::optional<Fde> fde_at(const ElfFile& elf, uint64_t pc) {
+    try {
+        const uint64_t fde = fde_for(elf, pc);
+        if (!fde) return std::nullopt;
+        auto f = cursor_at(elf, fde, 4);
+        if (!f) return std::nullopt;
+        const uint32_t len = f->read<uint32_t>();
+        if (len < 8 || len == 0xffffffffu) return std::nullopt;
+        f = cursor_at(elf, fde, 4 + uint64_t{len});
+        if (!f) return std::nullopt;
+        f->skip(4);
+        const uint64_t cie_field = fde + 4;
+        const uint32_t cie_ptr = f->read<uint32_t>();
+        if (cie_ptr == 0 || cie_ptr > cie_field) return std::nullopt;
+        auto cie = read_cie(elf, cie_field - cie_ptr);
+        if (!cie) return std::nullopt;
+        uint64_t begin = read_encoded(*f, cie->fde_enc, fde + f->pos(), 0);
+        uint64_t range = read_encoded(*f, static_cast<uint8_t>(cie->fde_enc & 0x0f), 0, 0);
+        if (pc < begin || pc - begin >= range) return std::nullopt;
+        return Fde{begin, begin + range, frame_at_start(*f, *cie)};
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> fde_range(const ElfFile& elf, uint64_t pc) {
+    auto f = fde_at(elf, pc);
+    if (!f) return std::nullopt;
+    return std::make_pair(f->start, f->end);
+}
+
+}  // namespace gilscan
