@@ -74,6 +74,9 @@ struct Run {
     bool can_have_stacks = false;  // some event records user stacks (or a pipe's events are not known yet)
     // --gil-evidence, read at every sleep.
     const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
+    // Sleep stacks or GIL functions asked for: read from the stacks even where the uprobes label.
+    const bool stack_details = opt.sleep_stacks > 0 || opt.gil_functions;
+    SleepLabel details;  // the stack's label, beside the probes' (add_stack_details)
 
     // 5. output, opened first and committed only when everything worked.
     std::unique_ptr<OutputFile> trace_out;
@@ -109,6 +112,12 @@ struct Run {
     StackStats ahead_stats;        // of the labels the reader made and the stages used
 };
 
+bool has_gil_probes(const Session& session) {
+    for (const auto& ev : session.events())
+        if (is_gil_probe(ev.gil_kind)) return true;
+    return false;
+}
+
 // 1. The threads: -j 1 reads records inline; -j 2 and up read them on a
 // reader thread (for data sections from 4 MiB).
 void plan_threads(Run& r) {
@@ -122,8 +131,11 @@ void plan_threads(Run& r) {
     can_have_stacks = r.session.header().pipe;
     for (const auto& ev : r.session.events()) can_have_stacks |= (ev.attr.sample_type & PERF_SAMPLE_STACK_USER) != 0;
     if (r.one_thread) r.mode = StackMode::OneThread;
-    // Blame reads each sleep's label at its switch-out: -j workers' labels come later.
-    else if (r.opt.jobs > 2 && r.opt.sleep_stacks > 0 && !r.opt.blame) r.mode = StackMode::Workers;
+    // Blame reads each sleep's label at its switch-out, and GIL uprobes'
+    // labels take the stack's details there (add_stack_details): -j
+    // workers' labels come later.
+    else if (r.opt.jobs > 2 && r.opt.sleep_stacks > 0 && !r.opt.blame && !(r.opt.gil_evidence != "stacks" && has_gil_probes(r.session)))
+        r.mode = StackMode::Workers;
     else if (r.opt.gil_evidence != "probes" && can_have_stacks) r.mode = StackMode::ReaderAhead;
     else r.mode = StackMode::StagesOnly;
 }
@@ -193,6 +205,24 @@ void build_stack_labels(Run& r) {
         r.parallel = std::make_unique<ParallelStackClassifier>(r.opt.jobs - 2, r.mopt, r.opt.sleep_stacks, r.kernel);
 }
 
+// With the GIL uprobes as the evidence, a sleep's stack still gives what
+// was asked of it: --sleep-stacks' stack and --gil-functions' Python
+// function (take_gil's return is a plain probe, so the stack reaches past
+// it: exit_sites.h). The probes' label stands; only those two are taken.
+void add_stack_details(Run& r, const Sample& s, const EventInfo& ev, const PrevState& ps, SleepLabel& label) {
+    SleepLabel& d = r.details;
+    if (const ReaderStacks::Note* n = ReaderStacks::note_of(s)) {
+        d = n->label;
+    } else {
+        d.clear();
+        d.text = false;
+        r.stacks->classify(s, ev, ps, d);
+    }
+    std::swap(label.stack_json, d.stack_json);
+    label.stack_shared = d.stack_shared;
+    if (label.gil && d.gil) label.function = d.function;
+}
+
 // The label of one sleep, at its switch-out into S or D: by the GIL
 // uprobes once seen ("auto") or when asked, else from its stack by whoever
 // StackMode says. Nothing here allocates.
@@ -201,6 +231,8 @@ void label_sleep(Run& r, const Sample& s, const EventInfo& ev, const PrevState& 
     if (r.only_probes || (r.auto_evidence && r.gil->seen_probes())) {
         r.used_probes |= r.gil->seen_probes();
         by_probes(s, ev, ps, label);
+        if (r.stack_details && ps.cls == StateClass::Sleeping && s.regs_user_abi != 0 && !s.stack_user.empty())
+            add_stack_details(r, s, ev, ps, label);
         return;
     }
     if (s.regs_user_abi == 0 || s.stack_user.empty()) {
@@ -323,20 +355,20 @@ void add_gil_functions(const Run& r, const std::string& evidence_used, FileSumma
         if (r.opt.pids.empty() || r.opt.pids.count(f.tgid)) summary.gil_functions.push_back(std::move(f));
     std::stable_sort(summary.gil_functions.begin(), summary.gil_functions.end(),
                      [](const GilFunctionStats& a, const GilFunctionStats& b) { return a.sleep_ns > b.sleep_ns; });
-    if (evidence_used != "stacks")
-        summary.warnings.push_back("--gil-functions: no GIL waits were found from stacks" +
-                                   std::string(evidence_used == "uprobes"
-                                                   ? " (sleeps were classified by the GIL uprobes; "
-                                                     "--gil-evidence stacks reads the stacks)"
-                                                   : "") +
-                                   "; record --call-graph dwarf without take_gil return uprobes, python3 -X perf (3.12+)");
+    if (!r.can_have_stacks)
+        summary.warnings.push_back("--gil-functions: no event of the recording has user stacks to find functions "
+                                   "in; record sched_switch with --call-graph dwarf (gilscan record --gil-functions), "
+                                   "python3 -X perf (3.12+)");
+    else if (evidence_used.empty())
+        summary.warnings.push_back("--gil-functions: no GIL waits were found; record --call-graph dwarf "
+                                   "(gilscan record --gil-functions), python3 -X perf (3.12+)");
     else if (!summary.gil_functions.empty() &&
              std::none_of(summary.gil_functions.begin(), summary.gil_functions.end(),
                           [](const GilFunctionStats& f) { return !f.function.empty(); }))
         summary.warnings.push_back(
             "--gil-functions: no GIL wait's stack reached a Python function named by a perf map or jitdump "
             "(python3 -X perf, 3.12+, writes /tmp/perf-PID.map, -X perf_jit, 3.13+, /tmp/jit-PID.dump; "
-            "take_gil return uprobes end the stacks early)");
+            "a take_gil return uretprobe, perf probe's %return, ends them at take_gil)");
 }
 
 // GIL blame's rows, and what they could not see, once some thread waited.

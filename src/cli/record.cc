@@ -231,20 +231,15 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
 
 // --gil-functions and the defaults decide the events.
 void choose_events(RecordRequest& q) {
-    if (q.r.gil_functions) {
-        // The function that waits is the first -X perf trampoline past
-        // take_gil on the GIL wait's stack; a uretprobe on take_gil replaces
-        // its return address with the kernel's trampoline while it runs, so
-        // no stack would get past it.
-        if (q.gil)
-            throw UsageError("--gil-functions reads GIL waits' stacks past take_gil, which take_gil's return probe "
-                             "(--gil) cuts short: leave out --gil");
-        q.state = q.stacks = true;
-    }
+    // The function that waits is the first -X perf trampoline past take_gil
+    // on the GIL wait's stack: with --gil too, take_gil's return probes are
+    // plain ones on its rets, which leave the stack whole (place_gil_probes
+    // refuses where it would need a uretprobe).
+    if (q.r.gil_functions) q.state = q.stacks = true;
     if (q.blame) {
         // Holders from the uprobes (Python 2's default drops them, as
         // place_gil_probes says), their sleeps' and CPU samples' stacks.
-        if (!q.r.gil_functions) q.gil = true;
+        q.gil = true;
         q.state = q.stacks = true;
     }
     q.gil_by_default = !q.gil && !q.state;
@@ -290,16 +285,21 @@ std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
                          python.c_str());
         return "";
     }
+    // A uretprobe swaps the probed function's return address for the
+    // kernel's trampoline ([uprobes]) while it runs: every stack sampled
+    // inside it then ends there. Plain probes on the rets are placed where
+    // every exit is known (exit_sites.h); where not, take_gil keeps one.
+    const bool take_uretprobe = std::any_of(plan.probes.begin(), plan.probes.end(), [](const UprobeSpec& p) {
+        return p.ret && p.event.rfind("take_gil", 0) == 0;
+    });
+    if (take_uretprobe && q.r.gil_functions && !plan.python2)
+        fail("--gil-functions reads GIL waits' stacks past take_gil, and " + python +
+             " needs a return probe (uretprobe) on it, which cuts them short: leave out --gil");
     install_probes(plan, tracefs);
     if (!q.r.quiet) {
         std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), plan.group.c_str());
         for (const auto& n : plan.loc.notes) std::fprintf(stderr, "gilscan: note: %s\n", n.c_str());
-        // A uretprobe swaps the probed function's return address for the
-        // kernel's trampoline ([uprobes]) while it runs: every GIL wait's
-        // stack then ends at take_gil, and whatever called it (with
-        // python3 -X perf, the Python function that waits) is lost.
-        // (Python 2's probes where its lock calls return are plain ones.)
-        if (q.stacks && !plan.python2 && !q.blame)
+        if (take_uretprobe && q.stacks && !plan.python2)
             std::fputs("gilscan: note: take_gil's return probe ends GIL waits' stacks at take_gil; to see the "
                        "callers that wait, record with --state --stacks instead (and python3 -X perf, 3.12+, "
                        "for Python functions)\n",
