@@ -192,6 +192,7 @@ namespace {
 struct RecordRequest {
     RecordResult r;
     bool gil = false, state = false, stacks = false, analyse = true;
+    bool no_state = false;        // --no-state: no scheduler tracepoints
     bool gil_by_default = false;  // neither --gil nor --state given
     bool blame = false;           // --blame: CPU samples with stacks too
     std::vector<std::string> command;
@@ -200,7 +201,8 @@ struct RecordRequest {
 constexpr const char* kAbout =
     "Records PROGRAM (python3 script.py, python3 -m module) with perf record -k CLOCK_MONOTONIC,\n"
     "placing the GIL uprobes it needs, then analyses the recording as gilscan FILE does.\n"
-    "Default: --gil --state. The program's exit status is gilscan's.";
+    "Default: --gil --state; --state comes with any choice unless --no-state.\n"
+    "The program's exit status is gilscan's.";
 
 // Returns nullopt for --help (printed).
 std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
@@ -211,6 +213,7 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.section("What to record");
     t.flag("--gil", "take_gil/drop_gil uprobes on the Python that runs", [&] { q.gil = true; });
     t.flag("--state", "scheduler tracepoints: sleeps, runnable time", [&] { q.state = true; });
+    t.flag("--no-state", "no scheduler tracepoints (GIL figures from the uprobes alone)", [&] { q.no_state = true; });
     t.flag("--stacks", "DWARF user stacks on sched_switch (sleeps classified from stacks)", [&] { q.stacks = true; });
     t.flag("--gil-functions", "GIL waits by Python function: --state --stacks, perf support on",
            [&] { q.r.gil_functions = true; });
@@ -235,6 +238,10 @@ void choose_events(RecordRequest& q) {
     // on the GIL wait's stack: with --gil too, take_gil's return probes are
     // plain ones on its rets, which leave the stack whole (place_gil_probes
     // refuses where it would need a uretprobe).
+    if (q.no_state && (q.state || q.r.gil_functions || q.blame))
+        throw UsageError(std::string("--no-state and ") +
+                         (q.state ? "--state" : q.blame ? "--blame (it reads the sleeps)" : "--gil-functions (it reads the sleeps)") +
+                         " contradict each other");
     if (q.r.gil_functions) q.state = q.stacks = true;
     if (q.blame) {
         // Holders from the uprobes (Python 2's default drops them, as
@@ -242,8 +249,11 @@ void choose_events(RecordRequest& q) {
         q.gil = true;
         q.state = q.stacks = true;
     }
+    // The sleeps and runnable time are what the table is read by: the
+    // scheduler tracepoints come with --gil or --stacks too.
     q.gil_by_default = !q.gil && !q.state;
-    if (q.gil_by_default) q.gil = q.state = true;
+    if (q.gil_by_default) q.gil = true;
+    if (!q.no_state) q.state = true;
 }
 
 // The problems users hit, one sentence each with the fix. Returns tracefs.

@@ -171,6 +171,20 @@ with tempfile.TemporaryDirectory() as tmp:
                  if e["ph"] == "M" and e["name"] == "thread_name"}
         check({"GIL holder", "GIL holder (GIL 2)", "GIL holder (GIL 3)"} <= names, f"{v} subinterpreters: a track per GIL")
 
+    # --state comes with --gil (as the help says), not with --no-state.
+    def evlist(*opts):
+        r = subprocess.run([GILSCAN, "record", "-q", "--no-analyse", "-o", data, *opts, "--",
+                            "/root/.pyenv/versions/3.12.1/bin/python3", "-c", "pass"], capture_output=True, text=True)
+        check(r.returncode == 0, f"record {' '.join(opts)} ({r.stderr[-300:]})")
+        return subprocess.run(["perf", "evlist", "-i", data], capture_output=True, text=True).stdout.split()
+    events = evlist("--gil")
+    check("sched:sched_switch" in events and "sched:sched_process_exit" in events and
+          any(e.endswith(":take_gil") for e in events), f"record --gil: the GIL probes and --state ({events})")
+    events = evlist("--gil", "--no-state")
+    check(not any(e.startswith("sched:") for e in events) and any(e.endswith(":take_gil") for e in events),
+          f"record --gil --no-state: the GIL probes alone ({events})")
+    r = subprocess.run([GILSCAN, "record", "--state", "--no-state", "--", "/bin/true"], capture_output=True, text=True)
+    check(r.returncode == 2 and "contradict" in r.stderr, f"--state --no-state: a usage error ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record", "-o", data, "--gil", "--", "/bin/true"], capture_output=True, text=True)
     check(r.returncode != 0 and "no Python found" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
           f"a non-Python program with --gil: one sentence ({r.stderr!r})")
