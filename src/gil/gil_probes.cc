@@ -103,6 +103,19 @@ void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
     if (p.holder == th.st.tid) set_holder(p, -1, t);
 }
 
+// One GIL, one holder: a take that returns while another thread holds it
+// means that thread let go unseen, at the latest now.
+void GilTracker::end_unseen_hold(Process& p, uint64_t t) {
+    Thread* const* holder = threads_.find(p.holder);
+    if (!holder) return;
+    Thread& old = **holder;
+    if (old.state != GilState::Holding || old.gil != &p) return;
+    ++anomalies_.releases_not_seen;
+    end_hold(old, p, t, false);
+    old.state = GilState::None;
+    old.since = t;
+}
+
 __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const EventInfo& ev, TpKind k) {
     ++probe_events_;
     const uint64_t t = s.time;
@@ -149,7 +162,7 @@ __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const Event
             ++anomalies_.return_without_take;
         }
         account(p, t);
-        if (p.holders > 0 && p.holder != th.st.tid) ++anomalies_.overlapping_holders;
+        if (p.holder > 0 && p.holder != th.st.tid) end_unseen_hold(p, t);
         th.st.gil_mask |= uint64_t{1} << std::min<uint32_t>(p.st.index, 63);
         ++p.holders;
         set_holder(p, th.st.tid, t);

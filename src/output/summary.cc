@@ -105,10 +105,15 @@ void add_gil_processes(const GilTracker& gil, const std::unordered_set<int32_t>&
         fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
                               " GIL hold(s) ended by take_gil itself (drop_gil not probed on that path: inlined "
                               "in this build, e.g. at the eval breaker); held time ends when take_gil is entered");
+    if (fs.gil_anomalies.releases_not_seen)
+        fs.warnings.push_back(std::to_string(fs.gil_anomalies.releases_not_seen) +
+                              " GIL hold(s) ended by another thread's take (releases not seen: this build releases "
+                              "the GIL where no probe is, e.g. copies of drop_gil inlined into I/O functions); a GIL "
+                              "has one holder, so each such hold ends when the next take returns");
     if (fs.gil_anomalies.total())
         fs.warnings.push_back(std::to_string(fs.gil_anomalies.total()) +
-                              " GIL uprobe anomalies (missing returns, drops without takes, overlapping "
-                              "holders): usually lost events or probes placed mid-run");
+                              " GIL uprobe anomalies (missing returns, drops without takes): usually lost events "
+                              "or probes placed mid-run");
 }
 
 // Switch-ins the recording could not show (docs/figures.md, "Per-process recordings").
@@ -261,12 +266,10 @@ void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads
     if (fs.gil_functions_known) print_gil_functions(out, fs);
     if (fs.blame_known) print_blame_table(out, fs);
     if (fs.gil_anomalies.total())
-        std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take, "
-                          "%llu overlapping holders\n",
+        std::fprintf(out, "GIL anomalies: %llu take without return, %llu return without take, %llu drop without take\n",
                      static_cast<unsigned long long>(fs.gil_anomalies.take_without_return),
                      static_cast<unsigned long long>(fs.gil_anomalies.return_without_take),
-                     static_cast<unsigned long long>(fs.gil_anomalies.drop_without_take),
-                     static_cast<unsigned long long>(fs.gil_anomalies.overlapping_holders));
+                     static_cast<unsigned long long>(fs.gil_anomalies.drop_without_take));
     if (fs.lost_events || fs.lost_samples)
         std::fprintf(out, "lost: %llu events in %llu LOST records, %llu samples dropped\n",
                      static_cast<unsigned long long>(fs.lost_events), static_cast<unsigned long long>(fs.lost_records),
@@ -362,7 +365,7 @@ nlohmann::json summary_head(const FileSummary& fs) {
     g["anomalies"] = {{"take_without_return", fs.gil_anomalies.take_without_return},
                       {"return_without_take", fs.gil_anomalies.return_without_take},
                       {"drop_without_take", fs.gil_anomalies.drop_without_take},
-                      {"overlapping_holders", fs.gil_anomalies.overlapping_holders},
+                      {"releases_not_seen", fs.gil_anomalies.releases_not_seen},
                       {"implicit_drops", fs.gil_anomalies.implicit_drops}};
     j["gil"] = g;
     if (fs.gil_functions_known) {

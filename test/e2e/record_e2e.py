@@ -63,10 +63,11 @@ with tempfile.TemporaryDirectory() as tmp:
         g = s["gil"]
         check(g["uprobes"] and g["probe_events"] > 50, f"{py}: GIL uprobes fired ({g['probe_events']})")
         a = g["anomalies"]
-        check(a["take_without_return"] == a["return_without_take"] == a["drop_without_take"] ==
-              a["overlapping_holders"] == 0, f"{py}: no GIL anomalies ({a})")
+        check(a["take_without_return"] == a["return_without_take"] == a["drop_without_take"] == 0,
+              f"{py}: no GIL anomalies ({a})")
         if "pyenv/versions" in py:
-            check(a["implicit_drops"] == 0, f"{py}: every drop probed ({a['implicit_drops']} implicit)")
+            check(a["implicit_drops"] == a["releases_not_seen"] == 0,
+                  f"{py}: every drop probed ({a['implicit_drops']} implicit, {a['releases_not_seen']} not seen)")
         workers = [t for t in s["threads"] if t["gil_wait_us"] and not t["main_thread"]]
         check(len(workers) >= 3, f"{py}: 3+ threads wait for the GIL ({len(workers)})")
         check(sum(1 for t in workers if t["gil_hold_us"] > 1000) >= 2, f"{py}: 2+ threads hold the GIL")
@@ -170,6 +171,33 @@ with tempfile.TemporaryDirectory() as tmp:
         names = {e["args"]["name"] for e in json.load(open(trace))["traceEvents"]
                  if e["ph"] == "M" and e["name"] == "thread_name"}
         check({"GIL holder", "GIL holder (GIL 2)", "GIL holder (GIL 3)"} <= names, f"{v} subinterpreters: a track per GIL")
+
+    # Debian's python3.11 releases the GIL from copies of drop_gil inlined
+    # into _Py_read and others, which no probe sees: with file I/O, a
+    # reader's hold ends when the next thread's take returns (one GIL, one
+    # holder), so no thread holds it longer than it lives and the holds of
+    # a process never overlap.
+    r = subprocess.run([GILSCAN, "record", "-q", "-o", data, "--trace", trace, "--summary-json", summ, "--",
+                        "/usr/bin/python3.11", os.path.join(os.path.dirname(WORKLOAD), "io_readers.py"), "0.3"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"Debian python3.11 file I/O: recorded ({r.stderr[-300:]})")
+    s = json.load(open(summ)) if r.returncode == 0 else {"threads": [], "gil": {"anomalies": {}, "processes": [{}]}}
+    a = s["gil"]["anomalies"]
+    check(a.get("releases_not_seen", 0) > 0 and "releases not seen" in r.stderr,
+          f"Debian python3.11 file I/O: releases not seen, counted and said ({a})")
+    holders = [t for t in s["threads"] if t["gil_hold_us"]]
+    check(len(holders) >= 4 and all(t["gil_hold_us"] <= t["span_us"] for t in holders),
+          f"Debian python3.11 file I/O: each thread holds the GIL at most its span "
+          f"({[(t['gil_hold_us'], t['span_us']) for t in holders]})")
+    held = s["gil"]["processes"][0].get("held_us", 0)
+    check(abs(sum(t["gil_hold_us"] for t in holders) - held) <= 0.001 * held + 1,
+          f"Debian python3.11 file I/O: the threads' holds add up to the GIL's held time "
+          f"({sum(t['gil_hold_us'] for t in holders)} vs {held})")
+    locks = sorted((e["ts"], e["ts"] + e["dur"], e["tid"]) for e in
+                   (json.load(open(trace))["traceEvents"] if r.returncode == 0 else []) if e.get("name") == "LOCK")
+    overlaps = [(x, y) for x, y in zip(locks, locks[1:]) if y[0] < x[1] - 1e-3]
+    check(len(locks) > 100 and not overlaps,
+          f"Debian python3.11 file I/O: no two threads' GIL holds overlap ({len(locks)} holds, {overlaps[:2]})")
 
     # --state comes with --gil (as the help says), not with --no-state.
     def evlist(*opts):
