@@ -67,6 +67,7 @@ int probe_main(int argc, char** argv) {
                 // perf probe can name symbol-found functions itself (not stripped ones).
                 for (const auto& fns : {plan.loc.take, plan.loc.drop})
                     for (size_t i = 0; i < fns.size(); ++i) {
+                        if (fns[i].site) continue;  // a point inside a function: the uprobe_events line above
                         std::string base = symbol_base_name(fns[i].name) == "take_gil" ? "take_gil" : "drop_gil";
                         std::string ev = i == 0 ? base : base + "_" + std::to_string(i);
                         // The entry probe's fetch argument, as uprobe_events has it (perf probe

@@ -265,7 +265,7 @@ ProbePlan plan_probes(const std::string& binary, const std::string& group) {
                 }
             }
             plan.probes.push_back({plan.group, ev, binary, *off, false, args});
-            add_returns(elf, plt, fns[i], ev, plan);
+            if (!fns[i].site) add_returns(elf, plt, fns[i], ev, plan);  // a release point has nothing to return from
         }
     };
     add(plan.loc.take, "take_gil");

@@ -9,6 +9,8 @@
 
 #include <capstone/capstone.h>
 
+#include "gilscan/symbols/release_sites.h"
+
 namespace gilscan {
 
 namespace {
@@ -249,6 +251,39 @@ CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std:
     return out;
 }
 
+std::vector<Insn> disassemble(const ElfFile& elf, uint64_t start, uint64_t end) {
+    std::vector<Insn> out;
+    Capstone cs;
+    if (!cs.h || end <= start) return out;
+    const std::vector<uint8_t> code = elf.code_at(start, end - start);
+    cs_insn* insn = nullptr;
+    const size_t n = cs.disasm(Bytes(code.data(), code.size()), start, &insn);
+    out.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+        Insn x{insn[i].address, Insn::Other, 0};
+        const cs_detail* d = insn[i].detail;
+        if (d && d->x86.op_count >= 1) {
+            const cs_x86_op& a = d->x86.operands[0];
+            const cs_x86_op* b = d->x86.op_count == 2 ? &d->x86.operands[1] : nullptr;
+            const bool rdi = a.type == X86_OP_REG && (a.reg == X86_REG_RDI || a.reg == X86_REG_EDI);
+            if (insn[i].id == X86_INS_CALL) {
+                x.kind = Insn::Call;
+                x.value = a.type == X86_OP_IMM ? static_cast<uint64_t>(a.imm) : 0;
+            } else if (rdi && b && insn[i].id == X86_INS_MOV && b->type == X86_OP_IMM) {
+                x.kind = Insn::SetsRdi;
+                x.value = static_cast<uint64_t>(b->imm);
+            } else if (rdi && b && insn[i].id == X86_INS_LEA && b->type == X86_OP_MEM && b->mem.base == X86_REG_RIP &&
+                       b->mem.index == X86_REG_INVALID) {
+                x.kind = Insn::SetsRdi;
+                x.value = insn[i].address + insn[i].size + static_cast<uint64_t>(b->mem.disp);
+            }
+        }
+        out.push_back(x);
+    }
+    if (n) cs.free(insn, n);
+    return out;
+}
+
 bool capstone_available() { return capstone_lib().open != nullptr; }
 
 uint64_t exported_address(const ElfFile& elf, std::string_view name) {
@@ -385,6 +420,23 @@ void locate_drop(const ElfFile& elf, const std::map<uint64_t, std::string>& plt,
             }
 }
 
+// 3. The releases inlined where no located function is (release_sites.h).
+void add_release_sites(const ElfFile& elf, const std::map<uint64_t, std::string>& plt, GilLocation& loc) {
+    if (loc.drop.empty()) return;
+    std::set<std::string> where;
+    size_t unnamed = 0, n = 0;
+    for (GilFunction& f : inlined_release_sites(elf, loc, plt)) {
+        if (f.name == "drop_gil") ++unnamed;
+        else where.insert(f.name);
+        loc.drop.push_back(std::move(f));
+        ++n;
+    }
+    if (unnamed) where.insert(std::to_string(unnamed) + " function(s) without a symbol");
+    if (n)
+        loc.notes.push_back("drop_gil is also inlined into " + join(where) + ": probed where each of its " +
+                            std::to_string(n) + " copies signals the GIL's condition variable, as a drop_gil entry");
+}
+
 }  // namespace
 
 GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
@@ -392,7 +444,10 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
     loc.binary = elf.path();
     loc.build_id = elf.build_id();
     loc.non_pie = elf.type() == 2;
-    if (opt.use_symtab && elf.has_symtab() && locate_by_symbols(elf, loc)) return loc;
+    if (opt.use_symtab && elf.has_symtab() && locate_by_symbols(elf, loc)) {
+        if (capstone_lib().open) add_release_sites(elf, plt_stub_names(elf), loc);
+        return loc;
+    }
     // 2. Without symbols: follow the exported callers.
     if (!capstone_lib().open) {
         loc.notes.push_back("cannot disassemble: " + capstone_lib().error + " (install the capstone library)");
@@ -401,6 +456,7 @@ GilLocation locate_gil(const ElfFile& elf, LocateOptions opt) {
     auto plt = plt_stub_names(elf);
     if (plt.empty()) loc.notes.push_back("no PLT imports resolved: cannot recognise pthread calls");
     if (const uint64_t take = locate_take(elf, plt, loc)) locate_drop(elf, plt, take, loc);
+    add_release_sites(elf, plt, loc);
     return loc;
 }
 

@@ -79,6 +79,7 @@ TEST_CASE("Debian's stripped python3.11: the cold parts' code is scanned, its ow
     REQUIRE(loc.drop.size() >= 2);  // drop_gil, and its copy inlined into PyEval_SaveThread
     for (const auto& fns : {loc.take, loc.drop})
         for (const GilFunction& f : fns) {
+            if (f.site) continue;  // a release point inside another function (release_sites_test.cc)
             INFO(f.name << " at 0x" << std::hex << f.vaddr);
             auto own = fde_at(elf, f.vaddr);
             REQUIRE(own);

@@ -38,6 +38,7 @@ struct GilFunction {
     uint64_t size = 0;     // from the symbol or the FDE; 0 if unknown
     std::string how;       // "symbol", "call target of PyEval_RestoreThread, ...", "inlined into ..."
     bool inlined = false;  // the signature was found inside an exported caller
+    bool site = false;     // a point where the GIL is released (an inlined copy's signal), not a function
 };
 
 struct GilLocation {
@@ -85,5 +86,15 @@ struct CallScan {
     std::vector<std::pair<uint64_t, uint64_t>> far_branches;  // conditional jumps leaving the range: at, target
 };
 CallScan scan_calls(const ElfFile& elf, uint64_t start, uint64_t end, const std::map<uint64_t, std::string>& plt);
+
+// One instruction, as much of it as the release-site finder reads.
+struct Insn {
+    enum Kind : uint8_t { Other, Call, SetsRdi };
+    uint64_t at = 0;
+    Kind kind = Other;
+    uint64_t value = 0;  // Call: its direct target (0: indirect); SetsRdi: the constant or RIP-relative address
+};
+// [start, end) disassembled from the file (ElfFile::code_at), in order.
+std::vector<Insn> disassemble(const ElfFile& elf, uint64_t start, uint64_t end);
 
 }  // namespace gilscan
