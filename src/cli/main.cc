@@ -34,6 +34,8 @@ struct Options {
     std::string input;
     std::string output;
     std::string summary_json;
+    std::string summary;           // the table to this file ("": stdout, or stderr as below)
+    bool table_on_stderr = false;  // under record: stdout is the recorded program's
     bool running = false, runnable = true, sleeping = true, quiet = false;
     bool progress = false;
     bool all_threads = false;
@@ -148,6 +150,7 @@ Options parse_args(int argc, char** argv) {
 std::vector<std::pair<std::string, std::string>> outputs_of(const Options& o) {
     return {{"-o", o.output},
             {"--summary-json", o.summary_json},
+            {"--summary", o.summary},
             {"--blame-folded", o.blame_folded},
             {"--wait-folded", o.wait_folded}};
 }
@@ -222,7 +225,23 @@ void report(const Options& opt, const gilscan::FileSummary& summary) {
         }
     }
     for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
-    if (!opt.quiet) gilscan::print_summary_table(opt.output == "-" ? stderr : stdout, summary, opt.all_threads);
+    if (!opt.quiet && !opt.summary.empty()) {
+        // Formatted in memory, then written as every output file is (in place when complete).
+        char* text = nullptr;
+        size_t n = 0;
+        std::FILE* mem = ::open_memstream(&text, &n);
+        if (!mem) throw gilscan::Error(opt.summary, gilscan::Error::no_offset, "out of memory");
+        gilscan::print_summary_table(mem, summary, opt.all_threads);
+        std::fclose(mem);
+        const std::string table(text, n);
+        std::free(text);
+        gilscan::OutputFile f(opt.summary, false);
+        f.write(table);
+        f.commit();
+    } else if (!opt.quiet) {
+        gilscan::print_summary_table(opt.output == "-" || opt.table_on_stderr ? stderr : stdout, summary,
+                                     opt.all_threads);
+    }
     finish_stdout();
 }
 
@@ -293,6 +312,8 @@ int main(int argc, char** argv) {
             opt.input = r.data_file;
             opt.output = r.trace;
             opt.summary_json = r.summary_json;
+            opt.summary = r.summary;
+            opt.table_on_stderr = true;  // stdout is the program's
             opt.quiet = r.quiet;
             opt.gil_functions = r.gil_functions;
             opt.progress = !r.quiet && ::isatty(2);

@@ -223,6 +223,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.value("-o", "FILE", "the perf.data to write (default perf.data)", [&](const std::string& v) { q.r.data_file = v; });
     t.value("--trace", "FILE", "the Chrome trace to write (default trace.json)", [&](const std::string& v) { q.r.trace = v; });
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { q.r.summary_json = v; });
+    t.value("--summary", "FILE", "the table to FILE (default: stderr; stdout is the program's)",
+            [&](const std::string& v) { q.r.summary = v; });
     t.flag("--no-analyse", "only record", [&] { q.analyse = false; });
     t.flag("-q", "no table, no notes, none of perf's \"[ perf record: ... ]\" lines", [&] { q.r.quiet = true; });
     t.operands("PROGRAM", [&](const std::string& v) { q.command.push_back(v); }, /*rest=*/true);

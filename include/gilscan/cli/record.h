@@ -21,6 +21,7 @@ struct RecordResult {
     std::string data_file;     // perf.data written
     std::string trace;         // trace JSON to write ("" = none)
     std::string summary_json;  // "" = none
+    std::string summary;       // --summary FILE: the table there, not on stderr ("" = stderr)
     bool quiet = false;
     bool gil_functions = false;  // --gil-functions: recorded for it, analysed with it
 };
