@@ -193,6 +193,8 @@ struct RecordRequest {
     RecordResult r;
     bool gil = false, state = false, stacks = false, analyse = true;
     bool no_state = false;        // --no-state: no scheduler tracepoints
+    bool keep_probes = false;     // --keep-probes: the GIL uprobes in the shared group, left in place
+    std::string own_group;        // the probe group this run made, removed when it ends
     bool gil_by_default = false;  // neither --gil nor --state given
     bool blame = false;           // --blame: CPU samples with stacks too
     std::vector<std::string> command;
@@ -226,6 +228,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.value("--summary", "FILE", "the table to FILE (default: stderr; stdout is the program's)",
             [&](const std::string& v) { q.r.summary = v; });
     t.flag("--no-analyse", "only record", [&] { q.analyse = false; });
+    t.flag("--keep-probes", "leave the GIL uprobes in place, in gilscan probe's group (default: removed)",
+           [&] { q.keep_probes = true; });
     t.flag("-q", "no table, no notes, none of perf's \"[ perf record: ... ]\" lines", [&] { q.r.quiet = true; });
     t.operands("PROGRAM", [&](const std::string& v) { q.command.push_back(v); }, /*rest=*/true);
     t.epilogue("Every option in detail: docs/usage.md.");
@@ -281,7 +285,10 @@ std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
         fail("no Python found to place GIL probes on (" + std::string(e.what()) +
              "); run a Python: gilscan record -- python3 script.py, or record without --gil");
     }
-    ProbePlan plan = plan_probes(python);
+    // A group of this run's own (gilscan_<binary>_<pid>): another run, a
+    // `gilscan probe` group or a perf record using either is never touched,
+    // and removing it at the end cannot pull probes from under anyone.
+    ProbePlan plan = plan_probes(python, q.keep_probes ? "" : default_probe_group(python) + "_" + std::to_string(::getpid()));
     // Python 2 takes and drops its GIL every 100 bytecodes: with four probe
     // hits per switch (py2_gil.h) a spinning thread spends a large share of
     // its time in the probes, which the figures then show as time without
@@ -307,6 +314,7 @@ std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
     if (take_uretprobe && q.r.gil_functions && !plan.python2)
         fail("--gil-functions reads GIL waits' stacks past take_gil, and " + python +
              " needs a return probe (uretprobe) on it, which cuts them short: leave out --gil");
+    if (!q.keep_probes) q.own_group = plan.group;
     install_probes(plan, tracefs);
     if (!q.r.quiet) {
         std::fprintf(stderr, "gilscan: GIL probes on %s (group %s)\n", python.c_str(), plan.group.c_str());
@@ -388,7 +396,15 @@ RecordResult record_main(int argc, char** argv) {
     choose_events(q);
     const std::string tracefs = check_can_record();
     const std::string group = q.gil ? place_gil_probes(q, tracefs) : "";
-    const int status = run_perf(q, group);
+    int status = 0;
+    try {
+        status = run_perf(q, group);
+    } catch (...) {
+        if (!q.own_group.empty()) remove_probes(q.own_group, tracefs);
+        throw;
+    }
+    // perf has exited: nothing records this run's probes any more.
+    if (!q.own_group.empty()) remove_probes(q.own_group, tracefs);
     RecordResult r = q.r;
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     std::error_code ec;

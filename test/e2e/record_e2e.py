@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -202,6 +203,25 @@ with tempfile.TemporaryDirectory() as tmp:
     overlaps = [(x, y) for x, y in zip(locks, locks[1:]) if y[0] < x[1] - 1e-3]
     check(len(locks) > 100 and not overlaps,
           f"Debian python3.11 file I/O: no two threads' GIL holds overlap ({len(locks)} holds, {overlaps[:2]})")
+
+    # Probes: each run places its own group and removes it when perf is
+    # done; --keep-probes leaves them, in the group `gilscan probe` uses.
+    py39 = "/root/.pyenv/versions/3.9.18/bin/python3"
+    subprocess.run([GILSCAN, "probe", "--remove", "--group", "gilscan_libpython3_9"], capture_output=True)
+
+    def groups():
+        return {l.split(":", 1)[1].split("/", 1)[0] for l in open("/sys/kernel/tracing/uprobe_events")
+                if "libpython3.9" in l}
+    r = subprocess.run([GILSCAN, "record", "--gil", "-o", data, "--trace", "", "--", py39, "-c", "pass"],
+                       capture_output=True, text=True)
+    placed = re.search(r"\(group (\S+)\)", r.stderr)
+    check(r.returncode == 0 and placed and re.fullmatch(r"gilscan_libpython3_9_\d+", placed.group(1)) and
+          not groups(), f"record --gil: its own group, removed at the end ({placed and placed.group(1)}, {groups()})")
+    r = subprocess.run([GILSCAN, "record", "--gil", "--keep-probes", "-o", data, "--trace", "", "--", py39, "-c", "pass"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and groups() == {"gilscan_libpython3_9"},
+          f"record --gil --keep-probes: left in gilscan probe's group ({groups()})")
+    subprocess.run([GILSCAN, "probe", "--remove", "--group", "gilscan_libpython3_9"], capture_output=True)
 
     # --state comes with --gil (as the help says), not with --no-state.
     def evlist(*opts):
