@@ -194,6 +194,7 @@ struct RecordRequest {
     bool gil = false, state = false, stacks = false, analyse = true;
     bool no_state = false;        // --no-state: no scheduler tracepoints
     bool keep_probes = false;     // --keep-probes: the GIL uprobes in the shared group, left in place
+    std::string python;           // --python PATH: the interpreter the program runs, where the command hides it
     std::string own_group;        // the probe group this run made, removed when it ends
     bool gil_by_default = false;  // neither --gil nor --state given
     bool blame = false;           // --blame: CPU samples with stacks too
@@ -228,6 +229,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.value("--summary", "FILE", "the table to FILE (default: stderr; stdout is the program's)",
             [&](const std::string& v) { q.r.summary = v; });
     t.flag("--no-analyse", "only record", [&] { q.analyse = false; });
+    t.value("--python", "PATH", "the Python the program runs (for wrappers: uv run, poetry run, ...)",
+            [&](const std::string& v) { q.python = non_empty("--python", v, "an interpreter or libpython"); });
     t.flag("--keep-probes", "leave the GIL uprobes in place, in gilscan probe's group (default: removed)",
            [&] { q.keep_probes = true; });
     t.flag("-q", "no table, no notes, none of perf's \"[ perf record: ... ]\" lines", [&] { q.r.quiet = true; });
@@ -275,15 +278,35 @@ std::string check_can_record() {
     }
 }
 
+// The command's interpreter: --python when given; past `env` and its
+// options and NAME=VALUE settings (`env -u X A=1 python3 x.py`); else the
+// command itself (an interpreter, a pyenv shim, a script with a shebang).
+std::string command_python(const RecordRequest& q) {
+    if (!q.python.empty()) return q.python;
+    size_t i = 0;
+    if (std::filesystem::path(q.command[0]).filename() == "env") {
+        for (i = 1; i < q.command.size(); ++i) {
+            const std::string& a = q.command[i];
+            if (a == "-u" || a == "-C" || a == "--unset" || a == "--chdir") ++i;  // takes a value
+            else if (a.empty() || (a[0] != '-' && a.find('=') == std::string::npos)) break;
+        }
+        if (i >= q.command.size()) fail("env runs no program here; name the Python with --python PATH");
+    }
+    return q.command[i];
+}
+
 // Places the GIL uprobes for the Python the program runs; returns their
 // group ("" when none were placed: Python 2 by default records stacks).
 std::string place_gil_probes(RecordRequest& q, const std::string& tracefs) {
     std::string python;
+    const std::string what = command_python(q);
     try {
-        python = resolve_python_binary(q.command[0]);
+        python = resolve_python_binary(what);
     } catch (const Error& e) {
-        fail("no Python found to place GIL probes on (" + std::string(e.what()) +
-             "); run a Python: gilscan record -- python3 script.py, or record without --gil");
+        fail("no Python found to place GIL probes on (" + std::string(e.what()) + "); " +
+             (q.python.empty() ? "a wrapper (uv run, poetry run, ...) hides it: name it with --python PATH, "
+                                 "or record without --gil"
+                               : "--python names an interpreter or libpython"));
     }
     // A group of this run's own (gilscan_<binary>_<pid>): another run, a
     // `gilscan probe` group or a perf record using either is never touched,

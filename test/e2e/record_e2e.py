@@ -242,6 +242,27 @@ with tempfile.TemporaryDirectory() as tmp:
           f"a non-Python program with --gil: one sentence ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record"], capture_output=True, text=True)
     check(r.returncode != 0 and "no program to record" in r.stderr, "no program")
+    # Ways of starting Python: through env (its settings skipped), and a
+    # wrapper that hides the interpreter (uv run, poetry run, a shell
+    # script), which --python names; the GIL probes fire in each.
+    def probe_events():
+        return subprocess.run(["perf", "script", "-i", data, "-F", "event"], capture_output=True, text=True).stdout
+    r = subprocess.run([GILSCAN, "record", "-q", "--no-analyse", "-o", data, "--", "/usr/bin/env", "-u", "NOPE",
+                        "PYTHONHASHSEED=0", "/root/.pyenv/versions/3.11.7/bin/python3", WORKLOAD, "0.05"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and ":take_gil__return:" in probe_events(),
+          f"record -- env NAME=VALUE python3: the probes on its interpreter fired ({r.stderr[-300:]})")
+    wrapper = os.path.join(tmp, "wrap.sh")
+    with open(wrapper, "w") as w:
+        w.write('#!/bin/sh\nexec /root/.pyenv/versions/3.12.1/bin/python3 "$@"\n')
+    os.chmod(wrapper, 0o755)
+    r = subprocess.run([GILSCAN, "record", "-o", data, "--", wrapper, WORKLOAD, "0.05"], capture_output=True, text=True)
+    check(r.returncode != 0 and "--python PATH" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+          f"a wrapper that hides the interpreter: one sentence naming --python ({r.stderr!r})")
+    r = subprocess.run([GILSCAN, "record", "-q", "--no-analyse", "--python", "/root/.pyenv/versions/3.12.1/bin/python3",
+                        "-o", data, "--", wrapper, WORKLOAD, "0.05"], capture_output=True, text=True)
+    check(r.returncode == 0 and ":take_gil__return:" in probe_events(),
+          f"record --python PATH -- wrapper: the probes on the Python it names fired ({r.stderr[-300:]})")
 
     # Python 2 has no take_gil, and switches its GIL every 100 bytecodes:
     # by default record takes stacks instead of the GIL uprobes (and says
@@ -464,6 +485,19 @@ with tempfile.TemporaryDirectory() as tmp:
     check(s.get("gil_sleep_source") == "uprobes" and got == want and want["py::spin:" + WORKLOAD] > 5,
           f"record --gil --gil-functions: uprobe-labelled GIL waits by perf script's functions "
           f"({s.get('gil_sleep_source')}, {dict(got)} against {dict(want)})")
+    # --sleep-stacks on the same uprobe-labelled recording: each sleep's
+    # stack in the trace, the same at -j 1 and -j 3.
+    stacked = []
+    for j in ("1", "3"):
+        out = os.path.join(tmp, f"ss{j}.json")
+        w = subprocess.run([GILSCAN, data, "-q", "-j", j, "--sleep-stacks", "16", "-o", out], capture_output=True)
+        stacked.append(open(out, "rb").read() if w.returncode == 0 else b"")
+    spans = [e for e in json.loads(stacked[0] or b'{"traceEvents":[]}')["traceEvents"]
+             if e.get("cat") == "process state" and e["name"] == "S(GIL)"]
+    check(stacked[0] == stacked[1] and len(spans) > 5 and all("stack" in e["args"] for e in spans) and
+          all(e["args"].get("evidence", "").endswith("(uprobe)") for e in spans),
+          f"--sleep-stacks with the uprobes labelling: every S(GIL) span has its stack, at -j 1 and 3 alike "
+          f"({len(spans)} spans, {sum('stack' in e['args'] for e in spans)} with stacks)")
     w = subprocess.run([GILSCAN, data, "-q", "--wait-folded", os.path.join(tmp, "waits.txt")], capture_output=True)
     waits = open(os.path.join(tmp, "waits.txt")).read().splitlines() if w.returncode == 0 else []
     # Every GIL wait but a new thread's first (PyEval_AcquireThread, before
