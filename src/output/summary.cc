@@ -116,24 +116,48 @@ void add_gil_processes(const GilTracker& gil, const std::unordered_set<int32_t>&
                               "or probes placed mid-run");
 }
 
-// Switch-ins the recording could not show (docs/figures.md, "Per-process recordings").
-void warn_hidden_switch_ins(bool cpu_wide, FileSummary& fs) {
-    uint64_t hidden = 0;
-    for (const auto& t : fs.threads) hidden += t.st.hidden_switch_ins;
-    if (hidden && !cpu_wide)
+// gilscan record's perf command: -k CLOCK_MONOTONIC first and its control
+// channel on inherited descriptors (record_run.cc), which a perf record
+// typed by hand has no use for.
+bool made_by_gilscan_record(const std::vector<std::string>& cmdline) {
+    const auto has = [&](const std::string& a, const std::string& b_prefix) {
+        for (size_t i = 0; i + 1 < cmdline.size(); ++i)
+            if (cmdline[i] == a && cmdline[i + 1].rfind(b_prefix, 0) == 0) return true;
+        return false;
+    };
+    return has("record", "-k") && has("-k", "CLOCK_MONOTONIC") && has("--control", "fd:");
+}
+
+// Switch-ins the recording could not show (docs/figures.md, "Per-process
+// recordings"): said when the time from those wake-ups and preemptions to
+// the thread's next event, counted as running, is a share of some thread's
+// span that the table's one decimal shows (0.05% or more), and never for
+// gilscan record's recordings, whose mode is record's choice.
+void warn_hidden_switch_ins(const Session& s, bool cpu_wide, FileSummary& fs) {
+    uint64_t hidden = 0, hidden_ns = 0;
+    bool shows = false;
+    for (const auto& t : fs.threads) {
+        hidden += t.st.hidden_switch_ins;
+        hidden_ns += t.st.hidden_switch_in_ns;
+        shows = shows || (t.span_ns && t.st.hidden_switch_in_ns * 2000 >= t.span_ns);
+    }
+    if (!shows || made_by_gilscan_record(s.features().cmdline)) return;
+    char amount[64];
+    std::snprintf(amount, sizeof amount, "%.1f ms", static_cast<double>(hidden_ns) / 1e6);
+    if (!cpu_wide)
         fs.warnings.push_back(std::to_string(hidden) +
                               " switch-in(s) were not recorded (a per-process recording: sched_switch fires in "
-                              "the context of the task switched out); time between a wake-up or preemption and "
-                              "running again counts as running. Record with -a to measure runnable time.");
-    else if (hidden)
+                              "the context of the task switched out); the " + amount + " from those wake-ups or "
+                              "preemptions to running again count as running. Record with -a to measure runnable time.");
+    else
         // Per-CPU events see every switch, but perf enables and disables them
         // CPU by CPU (a thread that moves to a CPU not yet, or no longer,
         // recording is next seen running), and testdata/system_wide.data
         // lacks every switch-out of one CPU's idle task mid-recording.
         fs.warnings.push_back(std::to_string(hidden) +
                               " switch-in(s) were not recorded in this system-wide recording (at its start or end on "
-                              "a CPU, after lost events, on CPUs left out with -C, or not traced by the kernel); time "
-                              "between a wake-up or preemption and running again counts as running there.");
+                              "a CPU, after lost events, on CPUs left out with -C, or not traced by the kernel); the " +
+                              amount + " from those wake-ups or preemptions to running again count as running.");
 }
 
 }  // namespace
@@ -144,7 +168,7 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
     add_file_facts(s, fs);
     add_threads(threads, pids, gil, fs);
     if (gil && gil->seen_probes()) add_gil_processes(*gil, pids, fs);
-    warn_hidden_switch_ins(cpu_wide, fs);
+    warn_hidden_switch_ins(s, cpu_wide, fs);
     return fs;
 }
 
@@ -295,6 +319,7 @@ nlohmann::json thread_json(const ThreadSummary& t) {
     r["running_us"] = us(t.st.running_ns);
     r["runnable_us"] = us(t.st.runnable_ns);
     r["hidden_switch_ins"] = t.st.hidden_switch_ins;
+    r["hidden_switch_in_us"] = us(t.st.hidden_switch_in_ns);
     r["sleep_us"] = us(t.st.sleep_ns);
     r["sleep_count"] = t.st.sleep_count;
     r["disk_sleep_us"] = us(t.st.disk_ns);

@@ -30,6 +30,7 @@ __attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
 // wake-up/preemption cannot be split into runnable and running.
 void Timeline::hidden_switch_in(Thread& th, uint64_t t) {
     ++th.st.hidden_switch_ins;
+    if (t > th.since) th.st.hidden_switch_in_ns += t - th.since;
     close(th, t, false, SpanKind::Running);
     th.state = SpanKind::Running;
     th.state_letters = "R";

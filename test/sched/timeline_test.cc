@@ -123,6 +123,7 @@ TEST_CASE("switch-in never recorded (per-process recording): woken time counts a
     const ThreadStats* t = a.thread(11);
     REQUIRE(t);
     CHECK(t->hidden_switch_ins == 1);
+    CHECK(t->hidden_switch_in_ns == 80 - 50);  // woken at 50, next seen (running) at 80
     CHECK(t->runnable_ns == 0);
     CHECK(t->running_ns == 30 + 40);
     // 99 belongs to a process the recording does not follow: no spans, not in the table.

@@ -1,13 +1,16 @@
 // `gilscan record`: giltracer's workflow in one command.
 //
 //   gilscan record [-o out.data] [--gil] [--state] [--stacks] [--gil-functions] -- python3 script.py args
+//   gilscan record -p PID [--duration S]      gilscan record -a [--duration S | -- PROGRAM]
 //
 // Checks perf, permissions and tracefs (one sentence each, with the fix),
 // places the GIL uprobes for the Python it is about to run (gilscan probe's
 // logic), runs `perf record -k CLOCK_MONOTONIC` with the right events
 // (call-graph=dwarf on sched_switch only with --stacks, so uprobes stay
-// cheap), forwards Ctrl-C, and hands the recording back to main for the
-// analysis. The program's exit status is gilscan's exit status.
+// cheap), runs the program as its own child while perf records it
+// (record_run.h: Ctrl-C reaches the program as when run directly), and hands
+// the recording back to main for the analysis. The program's exit status
+// is gilscan's exit status.
 #pragma once
 
 #include <string>
@@ -30,8 +33,8 @@ struct RecordResult {
 RecordResult record_main(int argc, char** argv);
 
 // The perf command line record_main runs (exposed for tests).
+// (the target, -p PID or -a, is added by run_recording: record_run.h).
 std::vector<std::string> perf_record_args(const std::string& out, bool gil, bool state, bool stacks,
-                                          const std::string& probe_group, const std::vector<std::string>& command,
-                                          bool cpu_samples = false);
+                                          const std::string& probe_group, bool cpu_samples = false);
 
 }  // namespace gilscan

@@ -149,6 +149,7 @@ struct ThreadStats {
     uint64_t gil_sleep_ns = 0, gil_sleep_count = 0;
     uint64_t switches_out = 0;
     uint64_t hidden_switch_ins = 0;  // woken/preempted, then seen running with no switch-in
+    uint64_t hidden_switch_in_ns = 0;  // the time from those wake-ups/preemptions to being seen running
     bool exited = false;
     bool replaced_by_exec = false;  // the program this entry describes exec'd another
     bool seen_switch = false;

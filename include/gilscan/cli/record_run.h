@@ -1,0 +1,46 @@
+// How `gilscan record` runs perf and the program, so that the program
+// behaves as when run directly.
+//
+//   RecordTarget t; t.command = {"python3", "app.py"};
+//   RunOutcome o = run_recording(perf_args, t, quiet);
+//
+// The program is gilscan's own child, in gilscan's process group (the
+// terminal's foreground group: it reads the terminal, and Ctrl-C reaches it
+// as SIGINT, so its KeyboardInterrupt handlers run). It is held before its
+// exec until perf, attached to it with -p (or recording -a), has its events
+// enabled (perf's control channel answers a ping). perf runs in a process
+// group of its own, which the terminal's Ctrl-C does not reach: it records
+// until the program has exited, and is then told to stop.
+//
+// Signals to gilscan: a terminal's SIGINT, SIGQUIT or SIGHUP has reached the
+// program too and is not passed on; one sent to gilscan alone (kill), and
+// SIGTERM, is passed to the program. With no program (attach, -a alone) any
+// of them stops the recording, as --duration does. If gilscan dies, perf
+// and the program get SIGTERM (PR_SET_PDEATHSIG).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gilscan {
+
+struct RecordTarget {
+    std::vector<std::string> command;  // the program gilscan starts (empty: attach or -a alone)
+    int32_t pid = 0;                   // -p: the running process to attach to
+    bool system_wide = false;          // -a
+    double duration = 0;               // --duration: seconds, then stop (no program only; 0 = none)
+};
+
+struct RunOutcome {
+    int program_status = 0;   // the program's wait status (0 when there is none)
+    int perf_status = 0;      // perf record's wait status
+    bool perf_started = false;  // perf answered before the program was let go
+    bool interrupted = false;   // stopped by a signal (no program), not by its end or --duration
+};
+
+// perf_args: "perf", "record", options and events, without a target; the
+// target (-p PID / -a) and the control channel are added here.
+RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet);
+
+}  // namespace gilscan

@@ -1,0 +1,244 @@
+#include "gilscan/cli/record_run.h"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gilscan/cli/stderr_relay.h"
+#include "gilscan/error.h"
+
+namespace gilscan {
+
+namespace {
+
+volatile sig_atomic_t g_program = 0;  // the program, once let go (0: none, or it has ended)
+volatile sig_atomic_t g_stop = 0;     // a signal that stops a recording with no program
+
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// A terminal's Ctrl-C, Ctrl-\ or hang-up is sent by the kernel (SI_KERNEL)
+// to the whole foreground process group, the program included: passing it
+// on would deliver it twice. One sent to gilscan alone is passed on.
+void on_signal(int sig, siginfo_t* info, void*) {
+    const bool from_terminal = info && info->si_code == SI_KERNEL;
+    if (g_program > 0) {
+        if (sig == SIGTERM || !from_terminal) ::kill(g_program, sig);
+    } else {
+        g_stop = sig;
+    }
+}
+
+[[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
+
+// The signal dispositions of the run, restored when it ends. SIGPIPE is
+// ignored: the program may die before it is let go.
+class RunSignals {
+public:
+    RunSignals() {
+        struct sigaction sa {};
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_SIGINFO;  // no SA_RESTART: the waits below return at once
+        sigemptyset(&sa.sa_mask);
+        for (size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &sa, &old_[i]);
+        struct sigaction ign {};
+        ign.sa_handler = SIG_IGN;
+        ::sigaction(SIGPIPE, &ign, &old_pipe_);
+        g_stop = 0;
+    }
+    ~RunSignals() {
+        for (size_t i = 0; i < std::size(kForwarded); ++i) ::sigaction(kForwarded[i], &old_[i], nullptr);
+        ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+        g_program = 0;
+    }
+    RunSignals(const RunSignals&) = delete;
+    RunSignals& operator=(const RunSignals&) = delete;
+
+private:
+    struct sigaction old_[std::size(kForwarded)] {};
+    struct sigaction old_pipe_ {};
+};
+
+// In a child between fork and exec (async-signal-safe calls only): the
+// dispositions a program started from a shell has, and death with gilscan.
+bool child_setup(pid_t parent, int stderr_fd) {
+    for (int sig : kForwarded) ::signal(sig, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) return false;
+    return stderr_fd < 0 || ::dup2(stderr_fd, STDERR_FILENO) >= 0;
+}
+
+std::vector<char*> argv_of(std::vector<std::string>& args) {
+    std::vector<char*> v;
+    for (auto& s : args) v.push_back(s.data());
+    v.push_back(nullptr);
+    return v;
+}
+
+void write_all(int fd, const char* s) {
+    for (size_t left = std::strlen(s); left;) {
+        const ssize_t n = ::write(fd, s, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        s += n;
+        left -= static_cast<size_t>(n);
+    }
+}
+
+bool reaped(pid_t pid, int& status) {
+    pid_t w;
+    while ((w = ::waitpid(pid, &status, WNOHANG)) < 0 && errno == EINTR) {}
+    return w == pid || w < 0;
+}
+
+struct Pipe {
+    int fd[2] = {-1, -1};
+    Pipe() {
+        if (::pipe2(fd, O_CLOEXEC) != 0) fail(std::string("pipe: ") + std::strerror(errno));
+    }
+    ~Pipe() { close_both(); }
+    void close_end(int i) {
+        if (fd[i] >= 0) ::close(fd[i]);
+        fd[i] = -1;
+    }
+    void close_both() { close_end(0), close_end(1); }
+};
+
+// The program, forked and held on `go` before its exec.
+pid_t start_held_program(std::vector<std::string> command, Pipe& go, int stderr_fd) {
+    std::vector<char*> argv = argv_of(command);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+    if (pid != 0) return pid;
+    if (!child_setup(parent, stderr_fd)) ::_exit(127);
+    ::close(go.fd[1]);
+    char c = 0;
+    ssize_t n;
+    while ((n = ::read(go.fd[0], &c, 1)) < 0 && errno == EINTR) {}
+    if (n != 1) ::_exit(127);  // perf did not start: gilscan let go of the pipe
+    ::execvp(argv[0], argv.data());
+    const int err = errno;
+    write_all(STDERR_FILENO, "gilscan: error: cannot run ");
+    write_all(STDERR_FILENO, argv[0]);
+    write_all(STDERR_FILENO, ": ");
+    write_all(STDERR_FILENO, std::strerror(err));
+    write_all(STDERR_FILENO, "\n");
+    ::_exit(127);
+}
+
+// perf record in a process group of its own, its control channel on ctl
+// (commands in) and ack (answers out), stdin /dev/null.
+pid_t start_perf(std::vector<std::string> args, Pipe& ctl, Pipe& ack, int stderr_fd) {
+    args.push_back("--control");
+    args.push_back("fd:" + std::to_string(ctl.fd[0]) + "," + std::to_string(ack.fd[1]));
+    std::vector<char*> argv = argv_of(args);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+    if (pid != 0) {
+        ::setpgid(pid, pid);  // also here: whichever of the two runs first
+        return pid;
+    }
+    ::setpgid(0, 0);
+    if (!child_setup(parent, stderr_fd)) ::_exit(127);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, STDIN_FILENO);
+    if (::fcntl(ctl.fd[0], F_SETFD, 0) != 0 || ::fcntl(ack.fd[1], F_SETFD, 0) != 0) ::_exit(127);
+    ::execvp("perf", argv.data());
+    write_all(STDERR_FILENO, "gilscan: error: cannot run perf: ");
+    write_all(STDERR_FILENO, std::strerror(errno));
+    write_all(STDERR_FILENO, "\n");
+    ::_exit(127);
+}
+
+// Waits out one tick: relays stderr when there is a relay, else sleeps. A
+// signal ends it early.
+void tick(StderrRelay* relay, bool& relay_open) {
+    if (relay && relay_open) relay_open = relay->pump(100);
+    else ::poll(nullptr, 0, 100);
+}
+
+// perf has opened and enabled its events once it answers a ping on its
+// control channel (it reads the channel only from its main loop). False
+// when perf exits first, or a signal asks to stop.
+bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, bool& relay_open, int& perf_status,
+                          bool& perf_done) {
+    write_all(ctl.fd[1], "ping\n");
+    for (;;) {
+        pollfd p{ack.fd[0], POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) {
+            char buf[16];
+            const ssize_t n = ::read(ack.fd[0], buf, sizeof buf);
+            if (n >= 3 && std::memcmp(buf, "ack", 3) == 0) return true;
+            if (n == 0) return false;  // perf closed it: it is exiting
+        }
+        if (g_stop) return false;
+        if (reaped(perf, perf_status)) {
+            perf_done = true;
+            return false;
+        }
+        tick(relay, relay_open);
+    }
+}
+
+}  // namespace
+
+RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet) {
+    RunOutcome out;
+    std::unique_ptr<StderrRelay> relay;
+    if (quiet) relay = std::make_unique<StderrRelay>();
+    const int child_stderr = relay ? relay->writer() : -1;
+    RunSignals signals;
+    Pipe go, ctl, ack;
+    const bool has_program = !target.command.empty();
+    pid_t program = has_program ? start_held_program(target.command, go, child_stderr) : 0;
+    go.close_end(0);
+
+    std::vector<std::string> args = perf_args;
+    if (target.system_wide) args.push_back("-a");
+    else args.insert(args.end(), {"-p", std::to_string(has_program ? program : target.pid)});
+    const pid_t perf = start_perf(args, ctl, ack, child_stderr);
+    ctl.close_end(0);
+    ack.close_end(1);
+    if (relay) relay->close_writer();
+
+    bool relay_open = true, perf_done = false;
+    out.perf_started = wait_until_recording(perf, ctl, ack, relay.get(), relay_open, out.perf_status, perf_done);
+    bool program_done = !has_program;
+    if (has_program && out.perf_started) {
+        g_program = program;
+        write_all(go.fd[1], "g");
+    }
+    go.close_end(1);  // unreleased, the program ends here (127)
+    const auto start = std::chrono::steady_clock::now();
+    bool stop_sent = !out.perf_started;
+    if (stop_sent && !perf_done) ::kill(perf, SIGINT);
+    while (!(perf_done && program_done)) {
+        tick(relay.get(), relay_open);
+        if (!program_done && reaped(program, out.program_status)) {
+            program_done = true;
+            g_program = 0;
+        }
+        if (!perf_done && reaped(perf, out.perf_status)) perf_done = true;
+        const bool timed_out = target.duration > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= target.duration;
+        const bool stop = has_program ? program_done : (g_stop || timed_out);
+        if (stop && !perf_done && !stop_sent) {
+            out.interrupted = !has_program && g_stop && !timed_out;
+            ::kill(perf, SIGINT);  // perf writes what it has and exits
+            stop_sent = true;
+        }
+    }
+    if (relay) relay->finish();
+    return out;
+}
+
+}  // namespace gilscan
