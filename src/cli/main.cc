@@ -67,7 +67,7 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.value("-o, --output", "FILE", "the Chrome trace JSON (\"-\": stdout; .gz/.zst: compressed)",
             [&](const std::string& v) { o.output = v; });
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { o.summary_json = v; });
-    t.flag("-q, --quiet", "no summary table on stdout", [&] { o.quiet = true; });
+    t.flag("-q, --quiet", "no table, no warnings (--summary-json keeps them)", [&] { o.quiet = true; });
     t.flag("--all-threads", "table: also threads of processes without GIL events", [&] { o.all_threads = true; });
     t.section("What the trace shows");
     t.flag("--running", "running spans (R) too, as per4m's --running", [&] { o.running = true; });
@@ -224,7 +224,9 @@ void report(const Options& opt, const gilscan::FileSummary& summary) {
                                  std::string(e.what()) + " (the trace " + opt.output + " was written)");
         }
     }
-    for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
+    // -q: the summary JSON keeps them.
+    if (!opt.quiet)
+        for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
     if (!opt.quiet && !opt.summary.empty()) {
         // Formatted in memory, then written as every output file is (in place when complete).
         char* text = nullptr;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -38,6 +39,9 @@ bool on_path(const std::string& cmd) {
 }
 
 [[noreturn]] void fail(const std::string& what) { throw Error("gilscan record", Error::no_offset, what); }
+
+// Between the binary's name and the pid in the group a record run makes.
+constexpr const char* kOwnGroupMark = "_pid";
 
 }  // namespace
 
@@ -239,11 +243,11 @@ std::optional<ProbePlan> plan_gil_probes(RecordRequest& q) {
                                  "or record without --gil"
                                : "--python names an interpreter or libpython"));
     }
-    // A group of this run's own (gilscan_<binary>_<pid>): another run, a
+    // A group of this run's own (gilscan_<binary>_pid<pid>): another run, a
     // `gilscan probe` group or a perf record using either is never touched,
     // and removing it at the end cannot pull probes from under anyone.
     const bool own = !q.keep_probes && ::geteuid() == 0;
-    ProbePlan plan = plan_probes(python, own ? default_probe_group(python) + "_" + std::to_string(::getpid()) : "");
+    ProbePlan plan = plan_probes(python, own ? default_probe_group(python) + kOwnGroupMark + std::to_string(::getpid()) : "");
     // Python 2 takes and drops its GIL every 100 bytecodes: with four probe
     // hits per switch (py2_gil.h) a spinning thread spends a large share of
     // its time in the probes, which the figures then show as time without
@@ -277,6 +281,26 @@ std::optional<ProbePlan> plan_gil_probes(RecordRequest& q) {
     return plan;
 }
 
+// The groups record runs made that are still there because their gilscan
+// was killed (SIGKILL leaves no time to remove them): a group whose run's
+// pid is no longer a gilscan. Returns how many were removed.
+size_t remove_stale_groups(const std::string& tracefs) {
+    size_t removed = 0;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(tracefs + "/events", ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string g = it->path().filename().string();
+        const size_t mark = g.rfind(kOwnGroupMark);
+        if (g.rfind(kProbeGroupPrefix, 0) != 0 || mark == std::string::npos) continue;
+        const std::string pid = g.substr(mark + std::strlen(kOwnGroupMark));
+        if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream comm("/proc/" + pid + "/comm");
+        std::string name;
+        if (comm >> name && name == "gilscan") continue;
+        removed += remove_probes(g, tracefs) ? 1 : 0;
+    }
+    return removed;
+}
+
 // Every probe of the plan already in tracefs (placed by gilscan probe).
 bool probes_in_place(const ProbePlan& plan, const std::string& tracefs) {
     std::error_code ec;
@@ -285,35 +309,58 @@ bool probes_in_place(const ProbePlan& plan, const std::string& tracefs) {
     return !plan.probes.empty();
 }
 
+// Where tracefs is mounted, from /proc/mounts ("" when it is not): a user
+// who may not look inside it still learns where it is.
+std::string tracefs_mount_point() {
+    std::ifstream mounts("/proc/mounts");
+    for (std::string dev, dir, type, rest; mounts >> dev >> dir >> type && std::getline(mounts, rest);)
+        if (type == "tracefs") return dir;
+    return "";
+}
+
 std::string tracefs_or_fail() {
     if (!on_path("perf")) fail("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)");
     try {
         return tracefs_dir(true);
     } catch (const Error& e) {
+        // Not root: what it may not read is one of the permission lines.
+        if (::geteuid() != 0 && !tracefs_mount_point().empty()) return tracefs_mount_point();
         fail(std::string("tracefs is needed for tracepoints and uprobes and is missing: ") + e.what());
     }
 }
 
 // The permissions the recording needs, each missing one in a line of its
 // own with its fix (record_access.h); then the probes, placed.
+void fail_if_missing(const AccessNeeds& needs) {
+    const std::vector<std::string> missing = missing_permissions(needs);
+    if (missing.empty()) return;
+    std::string all = "cannot record, " + std::to_string(missing.size()) + " permission(s) missing:";
+    for (const std::string& m : missing) all += "\n  - " + m;
+    fail(all);
+}
+
 std::string prepare(RecordRequest& q, const std::string& tracefs) {
-    std::optional<ProbePlan> plan = q.gil ? plan_gil_probes(q) : std::nullopt;
-    const bool placed = plan && ::geteuid() != 0 && probes_in_place(*plan, tracefs);
     AccessNeeds needs;
     needs.tracefs = tracefs;
+    needs.attach_pid = q.target.pid;
+    if (q.target.pid) {
+        // Another user's process does not show its maps: say what is missing
+        // before looking for its Python there.
+        const std::string proc = "/proc/" + std::to_string(q.target.pid);
+        if (::access(proc.c_str(), F_OK) != 0) fail("no process " + std::to_string(q.target.pid) + " to attach to");
+        needs.place_uprobes = q.gil && ::geteuid() != 0;
+        if (!std::ifstream(proc + "/maps")) fail_if_missing(needs);  // (its mode says 0444 all the same)
+    }
+    std::optional<ProbePlan> plan = q.gil ? plan_gil_probes(q) : std::nullopt;
+    const bool placed = plan && ::geteuid() != 0 && probes_in_place(*plan, tracefs);
     needs.place_uprobes = plan && !placed;
     needs.python = plan ? plan->binary : "";
-    needs.attach_pid = q.target.pid;
-    const std::vector<std::string> missing = missing_permissions(needs);
-    if (!missing.empty()) {
-        std::string all = "cannot record, " + std::to_string(missing.size()) + " permission(s) missing:";
-        for (const std::string& m : missing) all += "\n  - " + m;
-        fail(all);
-    }
+    fail_if_missing(needs);
     if (!q.target.command.empty() && !on_path(q.target.command[0]))
         fail("no program " + q.target.command[0] + " to run (not found, or not executable)");
     if (!plan) return "";
     if (!placed) {
+        if (::geteuid() == 0) remove_stale_groups(tracefs);
         install_probes(*plan, tracefs);
         if (!q.keep_probes) q.own_group = plan->group;
     }

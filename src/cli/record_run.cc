@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -112,8 +113,15 @@ struct Pipe {
     void close_both() { close_end(0), close_end(1); }
 };
 
-// The program, forked and held on `go` before its exec.
-pid_t start_held_program(std::vector<std::string> command, Pipe& go, int stderr_fd) {
+// How the program waits for perf: stopped by the kernel right after its
+// exec (PTRACE_TRACEME), so that the exec is not in the recording (perf
+// script 6.1 unwinds the stacks of a thread that exec'd while recorded no
+// further than one frame); where ptrace is refused (Yama's ptrace_scope 3,
+// a seccomp profile), before its exec, on the `go` pipe.
+enum class Hold { Traced, BeforeExec };
+
+// The program, forked and held (Hold reported on `report`).
+pid_t start_held_program(std::vector<std::string> command, Pipe& go, Pipe& report, int stderr_fd) {
     std::vector<char*> argv = argv_of(command);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -121,10 +129,15 @@ pid_t start_held_program(std::vector<std::string> command, Pipe& go, int stderr_
     if (pid != 0) return pid;
     if (!child_setup(parent, stderr_fd)) ::_exit(127);
     ::close(go.fd[1]);
-    char c = 0;
-    ssize_t n;
-    while ((n = ::read(go.fd[0], &c, 1)) < 0 && errno == EINTR) {}
-    if (n != 1) ::_exit(127);  // perf did not start: gilscan let go of the pipe
+    ::close(report.fd[0]);
+    const bool traced = ::ptrace(PTRACE_TRACEME, 0, nullptr, nullptr) == 0;
+    write_all(report.fd[1], traced ? "T" : "H");
+    if (!traced) {
+        char c = 0;
+        ssize_t n;
+        while ((n = ::read(go.fd[0], &c, 1)) < 0 && errno == EINTR) {}
+        if (n != 1) ::_exit(127);  // perf did not start: gilscan let go of the pipe
+    }
     ::execvp(argv[0], argv.data());
     const int err = errno;
     write_all(STDERR_FILENO, "gilscan: error: cannot run ");
@@ -133,6 +146,27 @@ pid_t start_held_program(std::vector<std::string> command, Pipe& go, int stderr_
     write_all(STDERR_FILENO, std::strerror(err));
     write_all(STDERR_FILENO, "\n");
     ::_exit(127);
+}
+
+// How the program is held; for a traced one, waits for the stop after its
+// exec. False when it ended instead (its exec failed: status set).
+bool wait_held(pid_t program, Pipe& report, Hold& hold, int& status) {
+    report.close_end(1);
+    char how = 0;
+    ssize_t n;
+    while ((n = ::read(report.fd[0], &how, 1)) < 0 && errno == EINTR) {}
+    hold = how == 'T' ? Hold::Traced : Hold::BeforeExec;
+    if (n != 1 || hold == Hold::BeforeExec) return n == 1 || !reaped(program, status);
+    pid_t w;
+    while ((w = ::waitpid(program, &status, 0)) < 0 && errno == EINTR) {}
+    return w == program && WIFSTOPPED(status);
+}
+
+// Lets the held program run: detached (its exec's SIGTRAP not delivered),
+// or its exec allowed.
+void release(pid_t program, Hold hold, Pipe& go) {
+    if (hold == Hold::Traced) ::ptrace(PTRACE_DETACH, program, nullptr, nullptr);
+    else write_all(go.fd[1], "g");
 }
 
 // perf record in a process group of its own, its control channel on ctl
@@ -198,11 +232,18 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
     if (quiet) relay = std::make_unique<StderrRelay>();
     const int child_stderr = relay ? relay->writer() : -1;
     RunSignals signals;
-    Pipe go, ctl, ack;
+    Pipe go, report, ctl, ack;
     const bool has_program = !target.command.empty();
-    pid_t program = has_program ? start_held_program(target.command, go, child_stderr) : 0;
-    go.close_end(0);
-
+    Hold hold = Hold::BeforeExec;
+    pid_t program = 0;
+    if (has_program) {
+        program = start_held_program(target.command, go, report, child_stderr);
+        go.close_end(0);
+        if (!wait_held(program, report, hold, out.program_status)) {
+            if (relay) relay->finish();
+            return out;  // it could not be run (said on its stderr)
+        }
+    }
     std::vector<std::string> args = perf_args;
     if (target.system_wide) args.push_back("-a");
     else args.insert(args.end(), {"-p", std::to_string(has_program ? program : target.pid)});
@@ -213,12 +254,17 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
 
     bool relay_open = true, perf_done = false;
     out.perf_started = wait_until_recording(perf, ctl, ack, relay.get(), relay_open, out.perf_status, perf_done);
+    out.interrupted = g_stop != 0;
     bool program_done = !has_program;
-    if (has_program && out.perf_started) {
-        g_program = program;
-        write_all(go.fd[1], "g");
+    if (has_program) {
+        if (out.perf_started) {
+            g_program = program;
+            release(program, hold, go);
+        } else {
+            ::kill(program, SIGKILL);  // it has not run a line of its own
+        }
     }
-    go.close_end(1);  // unreleased, the program ends here (127)
+    go.close_end(1);
     const auto start = std::chrono::steady_clock::now();
     bool stop_sent = !out.perf_started;
     if (stop_sent && !perf_done) ::kill(perf, SIGINT);

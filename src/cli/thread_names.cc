@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <fcntl.h>
@@ -38,7 +39,9 @@ def _gilscan_hook():
     try:
         import ctypes
         import threading
-        prctl = ctypes.CDLL(None).prctl
+        # PyDLL: the call keeps the GIL (a CDLL call drops and takes it
+        # again, a GIL wait of the hook's own in the recording).
+        prctl = ctypes.PyDLL(None).prctl
     except Exception:
         return
 
@@ -95,9 +98,52 @@ except ImportError as e:
 
 const char* thread_name_hook_source() { return kHook; }
 
+namespace {
+
+// The hook and what Python compiled of it (Python 2 beside it, Python 3 in
+// __pycache__), then the directory if that left it empty: anything else the
+// program put there stays.
+void remove_hook_dir(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::remove(dir + "/sitecustomize.py", ec);
+    fs::remove(dir + "/sitecustomize.pyc", ec);
+    const fs::path cache = dir + "/__pycache__";
+    std::vector<fs::path> compiled;
+    for (fs::directory_iterator it(cache, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.starts_with("sitecustomize.") && name.ends_with(".pyc")) compiled.push_back(it->path());
+    }
+    for (const fs::path& f : compiled) fs::remove(f, ec);
+    ::rmdir(cache.c_str());
+    ::rmdir(dir.c_str());
+}
+
+// The hook directories (gilscan-hook-<pid>-XXXXXX) of record runs that were
+// killed before they could remove them: their pid is no longer a gilscan.
+void remove_stale_hooks(const std::string& tmp) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<std::string> stale;
+    for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (!name.starts_with("gilscan-hook-")) continue;
+        const std::string pid = name.substr(13, name.find('-', 13) - 13);
+        if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream comm("/proc/" + pid + "/comm");
+        std::string running;
+        if (!(comm >> running && running == "gilscan")) stale.push_back(it->path().string());
+    }
+    for (const std::string& d : stale) remove_hook_dir(d);
+}
+
+}  // namespace
+
 ThreadNameHook::ThreadNameHook() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/gilscan-hook-XXXXXX";
+    const char* tmp_env = std::getenv("TMPDIR");
+    const std::string tmp = tmp_env && *tmp_env ? tmp_env : "/tmp";
+    remove_stale_hooks(tmp);
+    std::string pattern = tmp + "/gilscan-hook-" + std::to_string(::getpid()) + "-XXXXXX";
     if (!::mkdtemp(pattern.data())) fail("cannot make the thread-name hook's directory " + pattern + ": " + std::strerror(errno));
     dir_ = pattern;
     const std::string file = dir_ + "/sitecustomize.py";
@@ -124,21 +170,7 @@ ThreadNameHook::~ThreadNameHook() {
     ::unsetenv("GILSCAN_HOOK_DIR");
     if (old_pythonpath_) ::setenv("PYTHONPATH", old_pythonpath_->c_str(), 1);
     else ::unsetenv("PYTHONPATH");
-    // The hook and what Python compiled of it (Python 2 beside it, Python 3
-    // in __pycache__); anything else the program put here stays.
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    fs::remove(dir_ + "/sitecustomize.py", ec);
-    fs::remove(dir_ + "/sitecustomize.pyc", ec);
-    const fs::path cache = dir_ + "/__pycache__";
-    std::vector<fs::path> compiled;
-    for (fs::directory_iterator it(cache, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        if (name.starts_with("sitecustomize.") && name.ends_with(".pyc")) compiled.push_back(it->path());
-    }
-    for (const fs::path& f : compiled) fs::remove(f, ec);
-    ::rmdir(cache.c_str());
-    ::rmdir(dir_.c_str());
+    remove_hook_dir(dir_);
 }
 
 }  // namespace gilscan

@@ -79,10 +79,10 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(os.path.join(DATA, "system_wide.data"), "-o", trace, "--pid", str(pid), "-q")
     check(r.returncode == 0, "--pid on a system-wide recording")
     # Unrecorded switch-ins: "record with -a" only where the recording is not.
-    r = run(os.path.join(DATA, "system_wide.data"), "-q")
+    r = run(os.path.join(DATA, "system_wide.data"))
     check(r.returncode == 0 and "in this system-wide recording" in r.stderr and "Record with -a" not in r.stderr,
           f"a system-wide recording's unrecorded switch-ins, without the advice to record with -a ({r.stderr})")
-    r = run(os.path.join(DATA, "plain.data"), "-q")
+    r = run(os.path.join(DATA, "plain.data"))
     check(r.returncode == 0 and "(a per-process recording" in r.stderr and "Record with -a" in r.stderr,
           f"a per-process recording's unrecorded switch-ins, with the advice to record with -a ({r.stderr})")
 
@@ -169,17 +169,17 @@ with tempfile.TemporaryDirectory() as tmp:
           "--no-perf-maps: JIT frames unnamed, nothing reported")
     empty = os.path.join(tmp, "no-maps")
     os.makedirs(empty)
-    r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q", "--perf-maps", empty)
+    r = run(pm, "-o", trace, "--sleep-stacks", "40", "--perf-maps", empty)
     check(r.returncode == 0 and r.stderr.count(f"no perf map {empty}/{pm_map}") == 1 and "py::" not in open(trace).read(),
           f"a missing perf map: one warning, frames unnamed ({r.stderr})")
     if not os.path.exists(os.path.join("/tmp", pm_map)):
-        r = run(pm, "-o", trace, "--sleep-stacks", "40", "-q")
+        r = run(pm, "-o", trace, "--sleep-stacks", "40")
         check(f"no perf map /tmp/{pm_map}" in r.stderr, "perf maps are looked for in /tmp by default, as perf does")
     r = run(pm, "-o", trace, "-q", "--perf-maps", empty, "--no-blame")
     check(r.returncode == 0 and "perf map" not in r.stderr, "without --sleep-stacks or blame no perf map is read")
     # Blame names the holders' Python functions: on a recording with CPU
     # samples in JIT code, it looks for the perf map (one warning).
-    r = run(os.path.join(DATA, "blame_py312.data"), "-q", "--perf-maps", empty)
+    r = run(os.path.join(DATA, "blame_py312.data"), "--perf-maps", empty)
     check(r.returncode == 0 and r.stderr.count(f"no perf map {empty}/perf-20297.map") == 1,
           f"blame names the holders' Python functions: it looks for the perf map ({r.stderr})")
     check(run(pm, "--perf-maps", "").returncode == 2, "--perf-maps needs a directory")
@@ -201,7 +201,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for j in ("2", "3"):
         run(pj, "-o", trace, "--sleep-stacks", "64", "-q", "--perf-maps", maps, "-j", j)
         check(open(trace, "rb").read() == named_trace, f"-j {j}: the same trace with a jitdump")
-    r = run(pj, "-o", trace, "--sleep-stacks", "64", "-q", "--perf-maps", empty)
+    r = run(pj, "-o", trace, "--sleep-stacks", "64", "--perf-maps", empty)
     check(r.returncode == 0 and f"or jitdump {pj_dump}" in r.stderr and "(anon)" in open(trace).read()
           and "cannot unwind" not in r.stderr, f"no jitdump: one warning, the unwind ends at the first trampoline ({r.stderr})")
 
@@ -251,7 +251,7 @@ with tempfile.TemporaryDirectory() as tmp:
     r = run(pm, "--summary-json", gsumm, "-q")
     check("gil_functions" not in json.load(open(gsumm)) and "GIL waits by" not in r.stdout,
           "no GIL functions unless asked for")
-    r = run(os.path.join(DATA, "gil_combined.data"), "--gil-functions", "-q")
+    r = run(os.path.join(DATA, "gil_combined.data"), "--gil-functions")
     check("--gil-functions: no event of the recording has user stacks" in r.stderr,
           f"--gil-functions on a recording without stacks: a warning ({r.stderr[-300:]})")
 
@@ -431,7 +431,7 @@ with tempfile.TemporaryDirectory() as tmp:
               f"-o FIFO (-j {j}): the whole trace through it, the FIFO left as it was")
 
     # Truncated: partial results, warning with the byte offset, exit 0
-    r = run(os.path.join(DATA, "truncated.data"), "-o", trace, "-q")
+    r = run(os.path.join(DATA, "truncated.data"), "-o", trace)
     check(r.returncode == 0, "truncated file exits 0")
     check("at byte" in r.stderr and "warning" in r.stderr, "truncation warning names the offset")
     check(len(json.load(open(trace))["traceEvents"]) > 10, "truncated file still yields a trace")

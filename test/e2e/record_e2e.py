@@ -215,7 +215,7 @@ with tempfile.TemporaryDirectory() as tmp:
     r = subprocess.run([GILSCAN, "record", "--gil", "-o", data, "--trace", "", "--", py39, "-c", "pass"],
                        capture_output=True, text=True)
     placed = re.search(r"\(group (\S+)\)", r.stderr)
-    check(r.returncode == 0 and placed and re.fullmatch(r"gilscan_libpython3_9_\d+", placed.group(1)) and
+    check(r.returncode == 0 and placed and re.fullmatch(r"gilscan_libpython3_9_pid\d+", placed.group(1)) and
           not groups(), f"record --gil: its own group, removed at the end ({placed and placed.group(1)}, {groups()})")
     r = subprocess.run([GILSCAN, "record", "--gil", "--keep-probes", "-o", data, "--trace", "", "--", py39, "-c", "pass"],
                        capture_output=True, text=True)
@@ -241,7 +241,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode != 0 and "no Python found" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
           f"a non-Python program with --gil: one sentence ({r.stderr!r})")
     r = subprocess.run([GILSCAN, "record"], capture_output=True, text=True)
-    check(r.returncode != 0 and "no program to record" in r.stderr, "no program")
+    check(r.returncode == 2 and "nothing to record" in r.stderr, f"no program, -p or -a: a usage error ({r.stderr!r})")
     # Ways of starting Python: through env (its settings skipped), and a
     # wrapper that hides the interpreter (uv run, poetry run, a shell
     # script), which --python names; the GIL probes fire in each.
@@ -462,7 +462,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for m in maps_left:
         os.remove(m)
     # Before 3.12 there is no perf support: the analysis says why no function is named.
-    r = subprocess.run([GILSCAN, "record", "-q", "--gil-functions", "-o", data, "--trace", "",
+    r = subprocess.run([GILSCAN, "record", "--gil-functions", "-o", data, "--trace", "",
                         "--", "/root/.pyenv/versions/3.11.7/bin/python3", WORKLOAD, "0.1"], capture_output=True, text=True)
     check(r.returncode == 0 and "no GIL wait's stack reached a Python function named by a perf map" in r.stderr,
           f"record --gil-functions of Python 3.11: the warning ({r.stderr[-400:]})")

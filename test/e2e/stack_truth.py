@@ -5,7 +5,8 @@ usage: stack_truth.py TEST.data TRUTH.data > TEST.truth.json
 
 TRUTH.data is a system-wide `perf record -a` of take_gil entry and return
 uprobes made beside TEST.data (both -k CLOCK_MONOTONIC). A sleep of TEST.data
-(a sched_switch with prev_state S, of a python* thread) is a GIL wait iff its
+(a sched_switch with prev_state S of the recorded program: not of perf's or
+gilscan record's child before it became the program) is a GIL wait iff its
 switch-out time lies inside a take_gil entry..return interval of the same
 thread. gilscan never reads TRUTH.data or this output: the tests compare.
 Also counts, for docs/figures.md, the sleeps whose `perf script --no-inline`
@@ -27,6 +28,12 @@ import sys
 LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<tid>\d+)\s+(?P<sec>\d+)\.(?P<ns>\d{9}):\s+(?P<event>\S+):\s*(?P<rest>.*)$")
 
 
+# The threads a recording holds before the program's exec: named after the
+# command that forked it (the program's threads may carry any name: record
+# names them after threading's names).
+PRE_EXEC = re.compile(r"prev_comm=(perf|gilscan) ")
+
+
 def script(path, fields, extra=()):
     return subprocess.run(["perf", "script", "-i", path, "--ns", "-F", fields, *extra], check=True,
                           capture_output=True, text=True).stdout
@@ -40,7 +47,7 @@ def sleep_stacks(test):
             if switch:
                 out.append((switch, block))
             block, switch = [], None
-        elif "sched:sched_switch" in line and "prev_state=S " in line and "prev_comm=python" in line:
+        elif "sched:sched_switch" in line and "prev_state=S " in line and not PRE_EXEC.search(line):
             m = re.match(r"^\s*(\d+)\s+(\d+)\.(\d{9}):", line)
             switch = (int(m.group(1)), int(m.group(2)) * 10**9 + int(m.group(3)))
         elif switch:
@@ -95,7 +102,7 @@ def main(test, truth):
         if not m or m.group("event") != "sched:sched_switch":
             continue
         f = dict(re.findall(r"(\w+)=(\S+)", m.group("rest")))
-        if f.get("prev_state") != "S" or not f.get("prev_comm", "").startswith("python"):
+        if f.get("prev_state") != "S" or f.get("prev_comm") in ("perf", "gilscan"):
             continue
         tid, t = int(f["prev_pid"]), int(m.group("sec")) * 10**9 + int(m.group("ns"))
         gil = any(a <= t <= b for a, b in intervals.get(tid, ()))

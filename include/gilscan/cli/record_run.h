@@ -6,9 +6,10 @@
 //
 // The program is gilscan's own child, in gilscan's process group (the
 // terminal's foreground group: it reads the terminal, and Ctrl-C reaches it
-// as SIGINT, so its KeyboardInterrupt handlers run). It is held before its
-// exec until perf, attached to it with -p (or recording -a), has its events
-// enabled (perf's control channel answers a ping). perf runs in a process
+// as SIGINT, so its KeyboardInterrupt handlers run). It is held, stopped
+// just after its exec (PTRACE_TRACEME; where ptrace is refused, just before
+// its exec), until perf, attached to it with -p (or recording -a), has its
+// events enabled (perf's control channel answers a ping). perf runs in a process
 // group of its own, which the terminal's Ctrl-C does not reach: it records
 // until the program has exited, and is then told to stop.
 //
