@@ -36,6 +36,7 @@ struct Options {
     std::string summary_json;
     std::string summary;           // the table to this file ("": stdout, or stderr as below)
     bool table_on_stderr = false;  // under record: stdout is the recorded program's
+    bool quiet_warnings = false;   // record -q: its warnings only in the summary JSON
     bool running = false, runnable = true, sleeping = true, quiet = false;
     bool progress = false;
     bool all_threads = false;
@@ -67,7 +68,7 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.value("-o, --output", "FILE", "the Chrome trace JSON (\"-\": stdout; .gz/.zst: compressed)",
             [&](const std::string& v) { o.output = v; });
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { o.summary_json = v; });
-    t.flag("-q, --quiet", "no table, no warnings (--summary-json keeps them)", [&] { o.quiet = true; });
+    t.flag("-q, --quiet", "no summary table on stdout", [&] { o.quiet = true; });
     t.flag("--all-threads", "table: also threads of processes without GIL events", [&] { o.all_threads = true; });
     t.section("What the trace shows");
     t.flag("--running", "running spans (R) too, as per4m's --running", [&] { o.running = true; });
@@ -224,8 +225,8 @@ void report(const Options& opt, const gilscan::FileSummary& summary) {
                                  std::string(e.what()) + " (the trace " + opt.output + " was written)");
         }
     }
-    // -q: the summary JSON keeps them.
-    if (!opt.quiet)
+    // record -q: the summary JSON keeps them.
+    if (!opt.quiet_warnings)
         for (const auto& w : summary.warnings) std::fprintf(stderr, "gilscan: warning: %s: %s\n", opt.input.c_str(), w.c_str());
     if (!opt.quiet && !opt.summary.empty()) {
         // Formatted in memory, then written as every output file is (in place when complete).
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
             opt.summary_json = r.summary_json;
             opt.summary = r.summary;
             opt.table_on_stderr = true;  // stdout is the program's
+            opt.quiet_warnings = r.quiet;
             opt.quiet = r.quiet;
             opt.gil_functions = r.gil_functions;
             opt.progress = !r.quiet && ::isatty(2);
