@@ -209,6 +209,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check({"reader", "writer-uuuuuuu", "renamed"} <= comms, f"Python 2.7: threads named ({comms}, {r.stderr[-300:]})")
     check(not glob.glob("/tmp/gilscan-hook-*"), f"the hook's directories are removed ({glob.glob('/tmp/gilscan-hook-*')})")
 
+    # Scripts started by their shebang, direct and through env: the GIL
+    # probes go on the Python they name.
+    for shebang, env_path in (("#!/root/.pyenv/versions/3.10.13/bin/python3", None),
+                              ("#!/usr/bin/env python3", "/root/.pyenv/versions/3.9.18/bin")):
+        app = os.path.join(tmp, "app.py")
+        with open(app, "w") as f:
+            f.write(f"{shebang}\nimport runpy, sys\nsys.argv = [{WORKLOAD!r}, '0.1']\n"
+                    f"runpy.run_path({WORKLOAD!r}, run_name='__main__')\n")
+        os.chmod(app, 0o755)
+        env = dict(os.environ, PATH=f"{env_path}:{os.environ['PATH']}") if env_path else None
+        r = subprocess.run(rec[:-1] + ["-q", "--", app], capture_output=True, text=True, env=env)
+        g = summary(summ)["gil"] if r.returncode == 0 else {}
+        check(r.returncode == 0 and g.get("probe_events", 0) > 50,
+              f"a script run by its shebang {shebang}: the GIL probes fired ({g.get('probe_events')}, {r.stderr[-300:]})")
+
     # The switch-ins warning: never for record's own recordings, which
     # follow one process; for a per-process perf record of one's own, where
     # the unseen switch-ins' time shows in the table, said once.
