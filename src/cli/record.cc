@@ -412,6 +412,7 @@ RecordResult record_main(int argc, char** argv) {
     if (!q.own_group.empty()) remove_probes(q.own_group, tracefs);
     RecordResult r = q.r;
     r.status = q.target.command.empty() ? 0 : exit_status(run.program_status);
+    if (run.program_not_run) return r;  // nothing recorded; the program said why
     if (!run.perf_started) {
         if (run.interrupted) fail("interrupted before perf record had started; nothing was recorded");
         fail("perf record did not start (exit status " + std::to_string(exit_status(run.perf_status)) +

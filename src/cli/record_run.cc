@@ -224,6 +224,32 @@ bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, 
     }
 }
 
+// Until perf and the program (if any) have exited: perf is told to stop
+// (SIGINT: it writes what it has) once the program has exited, or, with no
+// program, on a signal or at --duration.
+void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool perf_done, bool stop_sent,
+                  StderrRelay* relay, bool& relay_open, RunOutcome& out) {
+    const bool has_program = program > 0;
+    bool program_done = !has_program;
+    const auto start = std::chrono::steady_clock::now();
+    while (!(perf_done && program_done)) {
+        tick(relay, relay_open);
+        if (!program_done && reaped(program, out.program_status)) {
+            program_done = true;
+            g_program = 0;
+        }
+        if (!perf_done && reaped(perf, out.perf_status)) perf_done = true;
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const bool timed_out = target.duration > 0 && elapsed >= target.duration;
+        const bool stop = has_program ? program_done : (g_stop || timed_out);
+        if (stop && !perf_done && !stop_sent) {
+            out.interrupted = !has_program && g_stop && !timed_out;
+            ::kill(perf, SIGINT);
+            stop_sent = true;
+        }
+    }
+}
+
 }  // namespace
 
 RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet) {
@@ -241,7 +267,8 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
         go.close_end(0);
         if (!wait_held(program, report, hold, out.program_status)) {
             if (relay) relay->finish();
-            return out;  // it could not be run (said on its stderr)
+            out.program_not_run = true;  // its exec failed, and said so on its stderr
+            return out;
         }
     }
     std::vector<std::string> args = perf_args;
@@ -255,7 +282,6 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
     bool relay_open = true, perf_done = false;
     out.perf_started = wait_until_recording(perf, ctl, ack, relay.get(), relay_open, out.perf_status, perf_done);
     out.interrupted = g_stop != 0;
-    bool program_done = !has_program;
     if (has_program) {
         if (out.perf_started) {
             g_program = program;
@@ -265,24 +291,8 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
         }
     }
     go.close_end(1);
-    const auto start = std::chrono::steady_clock::now();
-    bool stop_sent = !out.perf_started;
-    if (stop_sent && !perf_done) ::kill(perf, SIGINT);
-    while (!(perf_done && program_done)) {
-        tick(relay.get(), relay_open);
-        if (!program_done && reaped(program, out.program_status)) {
-            program_done = true;
-            g_program = 0;
-        }
-        if (!perf_done && reaped(perf, out.perf_status)) perf_done = true;
-        const bool timed_out = target.duration > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= target.duration;
-        const bool stop = has_program ? program_done : (g_stop || timed_out);
-        if (stop && !perf_done && !stop_sent) {
-            out.interrupted = !has_program && g_stop && !timed_out;
-            ::kill(perf, SIGINT);  // perf writes what it has and exits
-            stop_sent = true;
-        }
-    }
+    if (!out.perf_started && !perf_done) ::kill(perf, SIGINT);
+    wait_for_end(target, perf, program, perf_done, !out.perf_started, relay.get(), relay_open, out);
     if (relay) relay->finish();
     return out;
 }

@@ -209,6 +209,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check({"reader", "writer-uuuuuuu", "renamed"} <= comms, f"Python 2.7: threads named ({comms}, {r.stderr[-300:]})")
     check(not glob.glob("/tmp/gilscan-hook-*"), f"the hook's directories are removed ({glob.glob('/tmp/gilscan-hook-*')})")
 
+    # A program that cannot be run: its reason in one line, status 127, no recording.
+    r = subprocess.run(rec[:-1] + ["--state", "-o", "none.data", "--", tmp], capture_output=True, text=True)
+    check(r.returncode == 127 and r.stderr.strip() == f"gilscan: error: cannot run {tmp}: Permission denied" and
+          not os.path.exists("none.data"), f"a program that cannot run: one line, 127, nothing recorded ({r.stderr!r})")
+
     # Scripts started by their shebang, direct and through env: the GIL
     # probes go on the Python they name.
     for shebang, env_path in (("#!/root/.pyenv/versions/3.10.13/bin/python3", None),

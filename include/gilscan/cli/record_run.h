@@ -38,6 +38,7 @@ struct RunOutcome {
     int perf_status = 0;      // perf record's wait status
     bool perf_started = false;  // perf answered before the program was let go
     bool interrupted = false;   // stopped by a signal (no program), not by its end or --duration
+    bool program_not_run = false;  // the program's exec failed (said on its stderr); perf never started
 };
 
 // perf_args: "perf", "record", options and events, without a target; the
