@@ -423,11 +423,17 @@ FileSummary summarise(const Run& r) {
 // 5. The trace's last events (track names, metadata), then the file in place.
 void write_trace(Run& r, const FileSummary& summary) {
     if (!r.trace) return;
-    for (const auto& p : summary.gil_processes)
-        r.trace->name_thread(p.pid, gil_track_tid(p.pid, p.index),
-                             p.index ? "GIL holder (GIL " + std::to_string(p.index + 1) + ")" : "GIL holder");
     TraceMeta meta{r.opt.display_name.empty() ? r.opt.input : r.opt.display_name, summary.clock, summary.hostname,
                    summary.cmdline};
+    for (const auto& p : summary.gil_processes) {
+        meta.holder_tracks.push_back({p.pid, gil_track_tid(p.pid, p.index),
+                                      p.index ? "GIL holder (GIL " + std::to_string(p.index + 1) + ")" : "GIL holder"});
+        meta.python_pids.insert(p.pid);
+    }
+    for (const ThreadSummary& t : summary.threads) {
+        if (t.gil_wait_ns.value_or(0) || t.gil_hold_ns.value_or(0)) meta.gil_rows.push_back({t.st.tgid, t.st.tid});
+        if (t.gil_sleep_count.value_or(0) || t.st.comm.starts_with("python")) meta.python_pids.insert(t.st.tgid);
+    }
     r.trace->finish(r.timeline->threads(), meta);
     r.trace_out->commit();
 }

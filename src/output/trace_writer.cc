@@ -2,9 +2,11 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "gilscan/perfdata/byte_buffer.h"
 #include "gilscan/perfdata/cursor.h"
+#include "gilscan/gil/gil_probes.h"
 #include "gilscan/output/decimal.h"
 #include "gilscan/output/utf8.h"
 
@@ -114,6 +116,25 @@ __attribute__((noinline)) uint32_t track_text(char* text, int32_t pid, int32_t t
     return static_cast<uint32_t>(e - text);
 }
 
+// A span's colour: catapult's reserved colour names (cname), fixed per
+// state, so every viewer draws a state alike (README's legend): the
+// scheduler's states in its thread_state_* colours, a GIL wait's sleep in
+// "terrible", a hand-off's in "bad".
+std::string_view cname_of(const Span& s) {
+    switch (s.kind) {
+    case SpanKind::Running: return "thread_state_running";
+    case SpanKind::Runnable: return "thread_state_runnable";
+    case SpanKind::Sleep:
+        if (s.name.size() > 5 && s.name.substr(0, 5) == "S(GIL")
+            return s.name == "S(GIL handoff)" ? "bad" : "terrible";
+        return "thread_state_sleeping";
+    case SpanKind::DiskSleep: return "thread_state_uninterruptible";
+    case SpanKind::Other:
+    case SpanKind::Unknown: break;
+    }
+    return "thread_state_unknown";
+}
+
 }  // namespace
 
 // The slot's text, made first if it holds another track: ,"pid":P and,
@@ -204,7 +225,8 @@ TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), filter_
 }
 
 void TraceWriter::span(const Span& s) {
-    if (!filter_.wanted(s)) return;
+    // A span of no length draws nothing, and some viewers drop or flag it.
+    if (!filter_.wanted(s) || s.end <= s.start) return;
     // The function and its key are beyond kFixed's fixed text (all of the
     // rest at once is 249 bytes at most): 6 a byte and 14 more, as arithmetic
     // rather than a branch on every span.
@@ -212,6 +234,9 @@ void TraceWriter::span(const Span& s) {
                     6 * s.function.size() + 14);
     p = put(p, "{\"ph\":\"X\",\"cat\":\"process state\",\"name\":");
     p = put_str(p, s.name);
+    p = put(p, ",\"cname\":\"");
+    p = put(p, cname_of(s));
+    *p++ = '"';
     p = put_track(p, s.tgid, s.tid);
     p = put_interval(p, s.start, s.end);
     p = put(p, ",\"args\":{\"state\":");
@@ -245,11 +270,13 @@ void TraceWriter::span(const Span& s) {
 
 void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns,
                            bool cut) {
-    if (!filter_.wanted(pid)) return;
+    if (!filter_.wanted(pid) || end_ns <= start_ns) return;
     char* p = begin(kFixed);
-    p = what == GilSpan::Wait ? put(p, R"({"ph":"X","cat":"GIL state","name":"GIL wait")")
-                              : put(p, R"({"ph":"X","cat":"GIL state","name":"LOCK")");
-    p = put_track(p, pid, tid);
+    p = what == GilSpan::Wait ? put(p, R"({"ph":"X","cat":"GIL state","name":"GIL wait","cname":"terrible")")
+                              : put(p, R"({"ph":"X","cat":"GIL state","name":"LOCK","cname":"good")");
+    // The thread's GIL row, beside its state row: a GIL wait or hold
+    // partially overlaps the sleeps and runs there.
+    p = put_track(p, pid, gil_row_tid(tid));
     p = put_interval(p, start_ns, end_ns);
     if (gil > 0) {
         p = put(p, R"(,"args":{"gil":)");
@@ -263,9 +290,9 @@ void TraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil,
 
 void TraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
                              std::string_view culprit) {
-    if (!filter_.wanted(pid)) return;
+    if (!filter_.wanted(pid) || end_ns <= start_ns) return;
     char* p = begin(kFixed + (culprit.empty() ? 0 : 6 * culprit.size() + 14));
-    p = put(p, R"({"ph":"X","cat":"GIL holder","name":"GIL held by )");
+    p = put(p, R"({"ph":"X","cat":"GIL holder","cname":"good","name":"GIL held by )");
     char* const holder_text = p;
     p = put_int(p, holder);
     const auto holder_len = static_cast<size_t>(p - holder_text);
@@ -323,18 +350,54 @@ void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std:
     end(p);
 }
 
+// A "M" event with a number: what = "process_sort_index" or "thread_sort_index".
+void TraceWriter::sort_index(std::string_view what, int32_t pid, int32_t tid, int64_t index) {
+    if (!filter_.wanted(pid)) return;
+    char* p = begin(kFixed + what.size());
+    p = put(p, "{\"ph\":\"M\",\"name\":\"");
+    p = put(p, what);
+    p = put(p, "\"");
+    p = put_track(p, pid, tid);
+    p = put(p, ",\"args\":{\"sort_index\":");
+    p = put_int(p, index);
+    p = put(p, "}}");
+    end(p);
+}
+
+// Names and order: a process by its main thread's comm (else the first
+// seen), Python processes first; in each, the holder track, then each
+// thread ("<comm> <tid>": its own name when the program set one) by tid,
+// the main thread first, each followed by its GIL row.
 void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta) {
-    // Process names: the main thread's comm (tid == pid), else the first seen.
     std::map<int32_t, std::string_view> process_names;
+    std::map<int32_t, std::map<std::pair<bool, int32_t>, const ThreadStats*>> by_process;  // (not main, tid)
     for (const ThreadStats* t : threads) {
         if (!t->monitored) continue;
-        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
+        const int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
         if (t->tid == pid || !process_names.count(pid)) process_names[pid] = t->comm;
+        by_process[pid][{t->tid != pid, t->tid}] = t;
     }
-    for (const auto& [pid, name] : process_names) metadata("process_name", pid, pid, name);
-    for (const ThreadStats* t : threads) {
-        int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
-        if (t->monitored) name_thread(pid, t->tid, t->comm);
+    for (const auto& [pid, name] : process_names) {
+        metadata("process_name", pid, pid, name);
+        sort_index("process_sort_index", pid, pid, meta.python_pids.count(pid) ? 0 : 1);
+    }
+    for (const HolderTrack& h : meta.holder_tracks) {
+        metadata("thread_name", h.pid, h.track_tid, h.name);
+        sort_index("thread_sort_index", h.pid, h.track_tid, -1);
+    }
+    std::set<std::pair<int32_t, int32_t>> gil_rows(meta.gil_rows.begin(), meta.gil_rows.end());
+    for (const auto& [pid, members] : by_process) {
+        int64_t rank = 0;
+        for (const auto& [key, t] : members) {
+            const std::string name = std::string(t->comm) + " " + std::to_string(t->tid);
+            metadata("thread_name", pid, t->tid, name);
+            sort_index("thread_sort_index", pid, t->tid, 2 * rank);
+            if (gil_rows.count({pid, t->tid})) {
+                metadata("thread_name", pid, gil_row_tid(t->tid), "GIL \xC2\xB7 " + name);
+                sort_index("thread_sort_index", pid, gil_row_tid(t->tid), 2 * rank + 1);
+            }
+            ++rank;
+        }
     }
     std::string tail =
         "\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"

@@ -239,7 +239,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 got = json.loads(raw)
                 named = {(e["tid"], round(e["ts"] * 1000)): e["args"].get("function")
                          for e in got["traceEvents"] if e.get("cat") == "process state" and e["name"] == "S(GIL)"}
-                check(len(named) == 63 and named == truth,
+                # (one of the 63 sleeps lasts 0 ns: a span of no length is not drawn)
+                check(len(named) == 62 and all(truth.get(k, "missing") == v for k, v in named.items()),
                       f"{stacks}: each S(GIL) span's args.function is perf script's "
                       f"({sum(named.get(k) == v for k, v in truth.items())} of {len(truth)} equal, {len(named)} spans)")
                 others = [e for e in got["traceEvents"] if "function" in e.get("args", {}) and e.get("name") != "S(GIL)"]
@@ -454,7 +455,7 @@ with tempfile.TemporaryDirectory() as tmp:
             return open(path, "rb").read().decode("utf-8")  # strict: ill-formed UTF-8 raises
         comms = {e["args"]["name"] for e in json.loads(utf8(trace))["traceEvents"]
                  if e["ph"] == "M" and e["name"] == "thread_name"}
-        check("pytho\ufffd" in comms, f"trace: the cut character is U+FFFD ({sorted(comms)[:4]})")
+        check(any(c.startswith("pytho\ufffd ") for c in comms), f"trace: the cut character is U+FFFD ({sorted(comms)[:4]})")
         check("pytho\ufffd" in {t["comm"] for t in json.loads(utf8(summ))["threads"]}, "summary JSON: the same name")
         try:
             table = r.stdout.decode("utf-8")

@@ -238,4 +238,9 @@ inline int32_t gil_track_tid(int32_t pid, uint32_t gil_index = 0) {
     return static_cast<int32_t>(static_cast<uint32_t>(pid) + 0x40000000u + (k << 22));
 }
 
+// The id of a thread's GIL row in the trace (its GIL waits and holds, which
+// partially overlap the sleeps and runs of the thread's own row): above any
+// real tid, below the holder tracks.
+inline int32_t gil_row_tid(int32_t tid) { return static_cast<int32_t>(static_cast<uint32_t>(tid) + 0x20000000u); }
+
 }  // namespace gilscan

@@ -12,7 +12,13 @@
 // decimals (nanosecond precision) on the recording's own clock, so a
 // `perf record -k CLOCK_MONOTONIC` trace lines up with VizTracer's.
 // Sleeps are complete events named like per4m's: "S", "S(GIL)", "D"; runnable
-// time "R+"; running "R" only with `running`.
+// time "R+"; running "R" only with `running`. Each has a fixed catapult
+// colour (cname). A thread's GIL waits and holds, which overlap its states
+// partially, are on a row of their own (gil_row_tid) named "GIL · <name>"
+// beside the thread's; a process's holder track comes first in it, Python
+// processes before others. No row holds spans that overlap partially, and
+// no span has zero length (test/e2e/checklib.py checks every trace the
+// end-to-end tests write).
 #pragma once
 
 #include <cstdint>
@@ -55,11 +61,20 @@ struct TraceFilter {
     }
 };
 
+// A process's "GIL holder" track (gil_track_tid) and its name.
+struct HolderTrack {
+    int32_t pid = 0, track_tid = 0;
+    std::string name;
+};
+
 struct TraceMeta {
     std::string source_file;
     std::string clock;
     std::string hostname;
     std::string cmdline;
+    std::vector<HolderTrack> holder_tracks;
+    std::vector<std::pair<int32_t, int32_t>> gil_rows;  // (pid, tid) of the threads with a GIL row
+    std::unordered_set<int32_t> python_pids;            // processes listed first
 };
 
 // alignas(128): the formatting thread writes its state for every event; no
@@ -87,6 +102,7 @@ private:
     void end(char* p);
     // A "M" event: what = "thread_name" or "process_name".
     void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
+    void sort_index(std::string_view what, int32_t pid, int32_t tid, int64_t index);
 
     // Formatting numbers is most of an event's cost, and a trace repeats
     // them: the text ,"pid":P,"tid":T is kept per track (direct-mapped by
