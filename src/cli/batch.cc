@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gilscan/pipeline.h"
+#include "gilscan/cli/batch_inputs.h"
 #include "gilscan/cli/options.h"
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
@@ -36,11 +37,6 @@ namespace gilscan {
 namespace fs = std::filesystem;
 
 namespace {
-
-bool wanted(const fs::path& p) {
-    const std::string name = p.filename().string();
-    return name.ends_with(".data") || name.ends_with(".data.zst") || name.starts_with("perf.data");
-}
 
 // How far an archive may unpack: --max-unpacked, and the free space of
 // the directory it unpacks into less a reserve (a tenth of that filesystem,
@@ -277,6 +273,7 @@ struct BatchOptions {
     std::string cache_dir = default_debuginfo_cache_dir();
     uint64_t max_unpacked = kDefaultMaxUnpacked;
     std::vector<std::string> paths;
+    Shard shard;
 };
 
 constexpr const char* kAbout =
@@ -312,6 +309,8 @@ std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
     });
     t.flag("--no-cache", "neither use nor fill the cache", [&] { o.cache_dir.clear(); });
     t.section("Running");
+    t.value("--shard", "K/N", "only share K of N (by path hash): N jobs split the recordings",
+            [&](const std::string& v) { o.shard = Shard::parse(v); });
     t.value("-j", "N", "recordings analysed at once (default: all cores)",
             [&](const std::string& v) { o.jobs = cli_number<unsigned>("-j", v, 1, 1024); });
     t.value("--max-unpacked", "MIB", "the most a .zst archive may unpack to (default 65536)", [&](const std::string& v) {
@@ -410,26 +409,6 @@ void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& t
 
 }  // namespace
 
-std::vector<std::string> batch_inputs(const std::vector<std::string>& paths) {
-    std::vector<std::string> out;
-    for (const auto& p : paths) {
-        std::error_code ec;
-        if (fs::is_directory(p, ec)) {
-            std::vector<std::string> found;
-            for (auto it = fs::recursive_directory_iterator(p, fs::directory_options::skip_permission_denied, ec);
-                 it != fs::recursive_directory_iterator(); it.increment(ec)) {
-                if (ec) break;
-                if (it->is_regular_file(ec) && wanted(it->path())) found.push_back(it->path().string());
-            }
-            std::sort(found.begin(), found.end());
-            out.insert(out.end(), found.begin(), found.end());
-        } else {
-            out.push_back(p);  // named explicitly: analysed whatever its name
-        }
-    }
-    return out;
-}
-
 // One recording, in the process batch_main started for it: its summary (or
 // its error) as one JSON object on stdout.
 int batch_one_main(int argc, char** argv) {
@@ -487,13 +466,17 @@ int batch_main(int argc, char** argv) {
     const std::optional<BatchOptions> parsed = parse_batch_args(argc, argv);
     if (!parsed) return std::fflush(stdout) == 0 ? 0 : 1;
     const BatchOptions& opt = *parsed;
-    const std::vector<std::string> inputs = batch_inputs(opt.paths);
-    if (inputs.empty()) {
+    const std::vector<BatchInput> every = batch_inputs(opt.paths);
+    if (every.empty()) {
         std::fprintf(stderr, "gilscan: error: no recordings found under the given paths\n");
         return 1;
     }
+    // A share may be empty (few recordings, many jobs): its tables are empty too.
+    const std::vector<BatchInput> inputs = opt.shard.all() ? every : shard_of(every, opt.shard);
+    std::vector<std::string> all_paths;
+    for (const BatchInput& in : every) all_paths.push_back(in.path);
     check_outputs({{"--summary", opt.summary_path}, {"--gil-functions", opt.functions_path}, {"--blame", opt.blame_path}},
-                  inputs);
+                  all_paths);
     remove_temporaries_on_signals();
     if (!opt.traces_dir.empty()) fs::create_directories(opt.traces_dir);
     const bool csv = opt.summary_path.ends_with(".csv");
@@ -515,13 +498,14 @@ int batch_main(int argc, char** argv) {
     };
     // The threads split between the recordings analysed at once: many
     // recordings, one thread each; fewer than -j, several.
-    const unsigned each = std::max(1u, opt.jobs / static_cast<unsigned>(std::min<size_t>(opt.jobs, inputs.size())));
+    const unsigned each =
+        std::max(1u, opt.jobs / static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(opt.jobs, inputs.size()))));
     auto worker = [&]() {
         for (size_t i = next++; i < inputs.size(); i = next++) {
             Result& r = results[i];
-            r.path = inputs[i];
+            r.path = inputs[i].path;
             try {
-                analyse_in_child(one_args(opt, r.path, i, each), r);
+                analyse_in_child(one_args(opt, r.path, inputs[i].index, each), r);
             } catch (const std::exception& e) {
                 r.error = e.what();
             }
@@ -560,10 +544,13 @@ int batch_main(int argc, char** argv) {
     if (out) out->commit();
     if (fn_out) fn_out->commit();
     if (blame_out) blame_out->commit();
+    if (!opt.shard.all())
+        std::fprintf(stderr, "gilscan batch: share %u/%u: %zu of %zu recordings\n", opt.shard.k, opt.shard.n,
+                     inputs.size(), every.size());
     std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows%s\n", inputs.size(),
                  inputs.size() - failed.load() - write_failures, failed.load(), rows.size(),
                  write_failures ? (", " + std::to_string(write_failures) + " trace(s) not written").c_str() : "");
-    return failed.load() == inputs.size() || write_failures ? 1 : 0;
+    return (!inputs.empty() && failed.load() == inputs.size()) || write_failures ? 1 : 0;
 }
 
 }  // namespace gilscan

@@ -14,6 +14,7 @@
 // in a tree (an unpacked `perf archive` included). --gil-functions FILE
 // writes a second table: GIL waits by Python function, one row per
 // recording, process and function (perf maps from --perf-maps DIR).
+// --shard K/N analyses one share of the recordings (batch_inputs.h).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,6 @@
 #include <vector>
 
 namespace gilscan {
-
-// Files a batch would analyse, in a stable order.
-std::vector<std::string> batch_inputs(const std::vector<std::string>& paths);
 
 int batch_main(int argc, char** argv);
 
