@@ -1,6 +1,7 @@
 #include "gilscan/cli/record_run.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -291,6 +292,13 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
         }
     }
     go.close_end(1);
+    // What a caller waiting for the recording to begin reads (gilscan's
+    // Python module); a program's own output is not preceded by it.
+    if (out.perf_started && !has_program && !quiet) {
+        if (target.system_wide) std::fputs("gilscan: recording the system (Ctrl-C to stop)\n", stderr);
+        else std::fprintf(stderr, "gilscan: recording process %d (Ctrl-C to stop)\n", target.pid);
+        std::fflush(stderr);
+    }
     if (!out.perf_started && !perf_done) ::kill(perf, SIGINT);
     wait_for_end(target, perf, program, perf_done, !out.perf_started, relay.get(), relay_open, out);
     if (relay) relay->finish();
