@@ -462,6 +462,38 @@ int batch_one_main(int argc, char** argv) {
     return std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0 ? 0 : 1;
 }
 
+// The tables, rows in input order whatever order the workers finished in;
+// each recording's error said. Returns how many traces could not be written.
+size_t write_tables(const BatchOptions& opt, const std::vector<Result>& results, size_t& row_count) {
+    std::vector<nlohmann::json> rows, function_rows, blame_rows;
+    size_t write_failures = 0;
+    for (const auto& r : results) {
+        const nlohmann::json& all = r.error.empty() ? r.summary : nlohmann::json();
+        for (auto& row : rows_of(r, all)) rows.push_back(std::move(row));
+        if (!opt.functions_path.empty())
+            for (auto& row : function_rows_of(r, all)) function_rows.push_back(std::move(row));
+        if (!opt.blame_path.empty())
+            for (auto& row : blame_rows_of(r, all)) blame_rows.push_back(std::move(row));
+        if (r.write_error) ++write_failures;
+        if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
+    }
+    // Every file complete, or none changed (OutputFile: written aside, renamed at commit).
+    std::unique_ptr<OutputFile> out, fn_out, blame_out;
+    if (!opt.summary_path.empty()) out = std::make_unique<OutputFile>(opt.summary_path);
+    if (!opt.functions_path.empty()) fn_out = std::make_unique<OutputFile>(opt.functions_path);
+    if (!opt.blame_path.empty()) blame_out = std::make_unique<OutputFile>(opt.blame_path);
+    print_or_write(out, rows_text(rows, kColumns, std::size(kColumns), opt.summary_path.ends_with(".csv")));
+    if (fn_out) fn_out->write(rows_text(function_rows, kFunctionColumns, std::size(kFunctionColumns),
+                                        opt.functions_path.ends_with(".csv")));
+    if (blame_out)
+        blame_out->write(rows_text(blame_rows, kBlameColumns, std::size(kBlameColumns), opt.blame_path.ends_with(".csv")));
+    if (out) out->commit();
+    if (fn_out) fn_out->commit();
+    if (blame_out) blame_out->commit();
+    row_count = rows.size();
+    return write_failures;
+}
+
 int batch_main(int argc, char** argv) {
     const std::optional<BatchOptions> parsed = parse_batch_args(argc, argv);
     if (!parsed) return std::fflush(stdout) == 0 ? 0 : 1;
@@ -479,7 +511,6 @@ int batch_main(int argc, char** argv) {
                   all_paths);
     remove_temporaries_on_signals();
     if (!opt.traces_dir.empty()) fs::create_directories(opt.traces_dir);
-    const bool csv = opt.summary_path.ends_with(".csv");
 
     std::vector<Result> results(inputs.size());
     std::atomic<size_t> next{0}, done{0}, failed{0};
@@ -518,37 +549,13 @@ int batch_main(int argc, char** argv) {
     for (unsigned t = 0; t < std::min<size_t>(opt.jobs, inputs.size()); ++t) pool.emplace_back(worker);
     for (auto& t : pool) t.join();
 
-    // Rows in input order, whatever order the workers finished in.
-    std::vector<nlohmann::json> rows, function_rows, blame_rows;
-    size_t write_failures = 0;
-    for (const auto& r : results) {
-        const nlohmann::json& all = r.error.empty() ? r.summary : nlohmann::json();
-        for (auto& row : rows_of(r, all)) rows.push_back(std::move(row));
-        if (!opt.functions_path.empty())
-            for (auto& row : function_rows_of(r, all)) function_rows.push_back(std::move(row));
-        if (!opt.blame_path.empty())
-            for (auto& row : blame_rows_of(r, all)) blame_rows.push_back(std::move(row));
-        if (r.write_error) ++write_failures;
-        if (!r.error.empty()) std::fprintf(stderr, "gilscan: error: %s\n", r.error.c_str());
-    }
-    // Every file complete, or none changed (OutputFile: written aside, renamed at commit).
-    std::unique_ptr<OutputFile> out, fn_out, blame_out;
-    if (!opt.summary_path.empty()) out = std::make_unique<OutputFile>(opt.summary_path);
-    if (!opt.functions_path.empty()) fn_out = std::make_unique<OutputFile>(opt.functions_path);
-    if (!opt.blame_path.empty()) blame_out = std::make_unique<OutputFile>(opt.blame_path);
-    print_or_write(out, rows_text(rows, kColumns, std::size(kColumns), csv));
-    if (fn_out) fn_out->write(rows_text(function_rows, kFunctionColumns, std::size(kFunctionColumns),
-                                        opt.functions_path.ends_with(".csv")));
-    if (blame_out)
-        blame_out->write(rows_text(blame_rows, kBlameColumns, std::size(kBlameColumns), opt.blame_path.ends_with(".csv")));
-    if (out) out->commit();
-    if (fn_out) fn_out->commit();
-    if (blame_out) blame_out->commit();
+    size_t row_count = 0;
+    const size_t write_failures = write_tables(opt, results, row_count);
     if (!opt.shard.all())
         std::fprintf(stderr, "gilscan batch: share %u/%u: %zu of %zu recordings\n", opt.shard.k, opt.shard.n,
                      inputs.size(), every.size());
     std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows%s\n", inputs.size(),
-                 inputs.size() - failed.load() - write_failures, failed.load(), rows.size(),
+                 inputs.size() - failed.load() - write_failures, failed.load(), row_count,
                  write_failures ? (", " + std::to_string(write_failures) + " trace(s) not written").c_str() : "");
     return (!inputs.empty() && failed.load() == inputs.size()) || write_failures ? 1 : 0;
 }
