@@ -126,6 +126,18 @@ with tempfile.TemporaryDirectory() as tmp:
     subprocess.run(rec[:-1] + ["-q", "--", PY, "-c", "pass"], capture_output=True)
     check(not os.path.isdir(f"/sys/kernel/tracing/events/{stale}"), "the next record removes the killed run's group")
 
+    # The blog's own probes (perf probe ... python:take_gil=take_gil) are
+    # another group's: neither gilscan probe --remove nor a record run
+    # touches them.
+    lib39 = "/root/.pyenv/versions/3.9.18/lib/libpython3.9.so.1.0"
+    p = subprocess.run(["perf", "probe", "-q", "-x", lib39, "python:take_gil=take_gil"], capture_output=True, text=True)
+    check(p.returncode == 0, f"perf probe places python:take_gil ({p.stderr[-200:]})")
+    subprocess.run([GILSCAN, "probe", "--remove"], capture_output=True)
+    subprocess.run(rec[:-1] + ["-q", "--", "/root/.pyenv/versions/3.9.18/bin/python3", "-c", "pass"], capture_output=True)
+    check(os.path.isdir("/sys/kernel/tracing/events/python/take_gil"),
+          "gilscan probe --remove and record leave another group's probes (python:take_gil)")
+    subprocess.run(["perf", "probe", "-q", "-d", "python:*"], capture_output=True)
+
     # Attach: -p PID with --duration, and until the process exits; the
     # process lives on after a --duration or a Ctrl-C.
     spin = ("import threading, time, sys\n"
