@@ -337,31 +337,31 @@ void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
     metadata("thread_name", pid, tid, name);
 }
 
-void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name) {
+// A "M" event: {"ph":"M","name":what,"pid":P,"tid":T,"args":{args}} with
+// args JSON text that needs no escaping.
+void TraceWriter::meta_event(std::string_view what, int32_t pid, int32_t tid, std::string_view args) {
     if (!filter_.wanted(pid)) return;
-    char* p = begin(kFixed + what.size() + str_bound(name));
+    char* p = begin(kFixed + what.size() + args.size());
     p = put(p, "{\"ph\":\"M\",\"name\":\"");
     p = put(p, what);
     p = put(p, "\"");
     p = put_track(p, pid, tid);
-    p = put(p, ",\"args\":{\"name\":");
-    p = put_str(p, name);
+    p = put(p, ",\"args\":{");
+    p = put(p, args);
     p = put(p, "}}");
     end(p);
 }
 
-// A "M" event with a number: what = "process_sort_index" or "thread_sort_index".
+// what = "thread_name" or "process_name".
+void TraceWriter::metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name) {
+    std::string args = "\"name\":";
+    append_json_string(args, name);
+    meta_event(what, pid, tid, args);
+}
+
+// what = "process_sort_index" or "thread_sort_index".
 void TraceWriter::sort_index(std::string_view what, int32_t pid, int32_t tid, int64_t index) {
-    if (!filter_.wanted(pid)) return;
-    char* p = begin(kFixed + what.size());
-    p = put(p, "{\"ph\":\"M\",\"name\":\"");
-    p = put(p, what);
-    p = put(p, "\"");
-    p = put_track(p, pid, tid);
-    p = put(p, ",\"args\":{\"sort_index\":");
-    p = put_int(p, index);
-    p = put(p, "}}");
-    end(p);
+    meta_event(what, pid, tid, "\"sort_index\":" + std::to_string(index));
 }
 
 // Names and order: a process by its main thread's comm (else the first

@@ -103,6 +103,7 @@ private:
     // A "M" event: what = "thread_name" or "process_name".
     void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
     void sort_index(std::string_view what, int32_t pid, int32_t tid, int64_t index);
+    void meta_event(std::string_view what, int32_t pid, int32_t tid, std::string_view args);
 
     // Formatting numbers is most of an event's cost, and a trace repeats
     // them: the text ,"pid":P,"tid":T is kept per track (direct-mapped by
