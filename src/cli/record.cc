@@ -291,12 +291,8 @@ size_t remove_stale_groups(const std::string& tracefs) {
         const std::string g = it->path().filename().string();
         const size_t mark = g.rfind(kOwnGroupMark);
         if (g.rfind(kProbeGroupPrefix, 0) != 0 || mark == std::string::npos) continue;
-        const std::string pid = g.substr(mark + std::strlen(kOwnGroupMark));
-        if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-        std::ifstream comm("/proc/" + pid + "/comm");
-        std::string name;
-        if (comm >> name && name == "gilscan") continue;
-        removed += remove_probes(g, tracefs) ? 1 : 0;
+        if (left_by_ended_run(g.substr(mark + std::strlen(kOwnGroupMark))))
+            removed += remove_probes(g, tracefs) ? 1 : 0;
     }
     return removed;
 }

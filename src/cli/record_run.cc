@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -252,6 +253,13 @@ void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool pe
 }
 
 }  // namespace
+
+bool left_by_ended_run(const std::string& pid) {
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+    std::ifstream comm("/proc/" + pid + "/comm");
+    std::string name;
+    return !(comm >> name && name == "gilscan");
+}
 
 RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet) {
     RunOutcome out;

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gilscan/cli/record_run.h"
 #include "gilscan/error.h"
 
 namespace gilscan {
@@ -128,11 +129,7 @@ void remove_stale_hooks(const std::string& tmp) {
     for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string name = it->path().filename().string();
         if (!name.starts_with("gilscan-hook-")) continue;
-        const std::string pid = name.substr(13, name.find('-', 13) - 13);
-        if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-        std::ifstream comm("/proc/" + pid + "/comm");
-        std::string running;
-        if (!(comm >> running && running == "gilscan")) stale.push_back(it->path().string());
+        if (left_by_ended_run(name.substr(13, name.find('-', 13) - 13))) stale.push_back(it->path().string());
     }
     for (const std::string& d : stale) remove_hook_dir(d);
 }

@@ -41,6 +41,11 @@ struct RunOutcome {
     bool program_not_run = false;  // the program's exec failed (said on its stderr); perf never started
 };
 
+// Whether what a record run named after its pid (pid: the text in the name)
+// was left by a run that is gone: pid is a number, and no gilscan runs as
+// that pid. (A run killed by SIGKILL cannot clean up; the next one does.)
+bool left_by_ended_run(const std::string& pid);
+
 // perf_args: "perf", "record", options and events, without a target; the
 // target (-p PID / -a) and the control channel are added here.
 RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet);
