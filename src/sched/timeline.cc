@@ -237,6 +237,7 @@ void Timeline::close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> a
     }
     th.waker = -1;
     th.preempted = false;
+    th.woken_before_switch = false;
     th.label.clear();
 }
 
@@ -269,19 +270,13 @@ void Timeline::switch_out(Thread& th, uint64_t t, uint32_t cpu, const PrevState&
         if (observer_) [[unlikely]]
             observer_->sleep_started(th.st.tgid, th.st.tid, t, th.label, s);
         // try_to_wake_up on another CPU can trace sched_waking just before
-        // this switch-out is traced: the sleep is over as soon as it starts.
+        // this switch-out is traced. That wake-up waits for the switch to
+        // finish, then enqueues the task (sched_wakeup): the sleep lasts from
+        // here to that enqueue, or to the switch-in when no sched_wakeup is
+        // recorded, and its waker is the early one.
         if (th.has_early_wake && th.early_wake >= th.last_own && t - th.early_wake <= kWakeRaceWindowNs) {
-            int32_t waker = th.early_waker;
-            th.waker = waker;
-            if (observer_) [[unlikely]]
-                observe_sleep_end(th, t);
+            th.waker = th.early_waker;
             th.woken_before_switch = true;
-            emit(th, t, t, false);  // the zero-length sleep, counted as a sleep
-            th.woken_before_switch = false;
-            th.label = SleepLabel{};
-            th.state = SpanKind::Runnable;
-            th.state_letters = "R";
-            th.waker = waker;
         }
         break;
     }
@@ -313,7 +308,8 @@ void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
     case SpanKind::DiskSleep:
     case SpanKind::Other:
         if (!th.known) break;
-        th.waker = waker;
+        if (!th.woken_before_switch) th.waker = waker;  // else the early waking's waker
+        waker = th.waker;
         close(th, t, false);
         th.state = SpanKind::Runnable;
         th.state_letters = "R";
@@ -321,8 +317,11 @@ void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
         th.waker = waker;
         break;
     case SpanKind::Running:
-        if (th.known) {
-            ++wake_while_running_;
+        // A waking in the task's own context (an interrupt on its CPU) finds
+        // it still queued and ends no sleep to come: only another CPU's
+        // try_to_wake_up races the switch-out.
+        if (th.known) ++wake_while_running_;
+        if (th.known && waker != th.st.tid) {
             th.has_early_wake = true;
             th.early_wake = t;
             th.early_waker = waker;

@@ -13,9 +13,9 @@ Rules mirrored here (the spec, restated on perf's text):
 - a sleep (prev_state S) or D wait starts at the thread's switch-out and ends
   at the first sched_waking / sched_wakeup / sched_wakeup_new naming it or
   switch-in of it after that; still open at the last sample: cut there;
-- a waking that names a running thread at most 200 us before that thread's
-  switch-out into S/D, with no sample of the thread in between, ends the
-  sleep at once (zero length; the kernel's ttwu / __schedule race);
+- a waking traced before the switch-out it races (the kernel's ttwu on
+  another CPU / __schedule) changes nothing here: the wake-up waits for the
+  switch, then enqueues the task, and its sched_wakeup ends the sleep;
 - a woken or preempted thread seen as the current task of a sample is
   running from then on (its switch-in was not recorded);
 - a thread's state ends at its exit, the first of PERF_RECORD_EXIT (perf
@@ -35,7 +35,6 @@ import re
 import subprocess
 import sys
 
-RACE_NS = 200_000
 DEBUG = int(__import__('os').environ.get('GOLDEN_DEBUG_TID', '0'))
 LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+"
                   r"(?P<sec>\d+)\.(?P<ns>\d{9}):\s+(?P<event>\S+):\s*(?P<rest>.*)$")
@@ -78,12 +77,12 @@ def main(path):
                           check=True, capture_output=True, text=True).stdout
     counts = {}
     monitored = set()
-    th = {}  # tid -> dict(state, since, last_own, early)
+    th = {}  # tid -> dict(state, since)
     res = {}  # tid -> [sleeps, sleep_ns, d, d_ns]
     last = 0
 
     def T(tid):
-        return th.setdefault(tid, {"state": None, "since": 0, "last_own": 0, "early": None})
+        return th.setdefault(tid, {"state": None, "since": 0})
 
     def R(tid):
         return res.setdefault(tid, [0, 0, 0, 0])
@@ -247,29 +246,19 @@ def main(path):
                 end_wait(prev, t)
                 letters = st.rstrip("+")
                 kind = "D" if "D" in letters else ("S" if "S" in letters else ("R" if letters == "R" else "other"))
-                early = x["early"]
-                x["early"] = None
                 if kind == "S" and gil.get(prev, {}).get("state") == "wait":
                     R(prev)  # S(GIL): the thread sleeps inside take_gil
                     gil_sleeps[prev] = gil_sleeps.get(prev, 0) + 1
-                if kind in ("S", "D") and early is not None and early >= x["last_own"] and t - early <= RACE_NS:
-                    r = R(prev)
-                    if kind == "S":
-                        r[0] += 1
-                    else:
-                        r[2] += 1
-                    kind = "R"
-                x["state"], x["since"], x["last_own"] = kind, t, t
+                x["state"], x["since"] = kind, t
             if nxt > 0:
                 x = T(nxt)
                 end_wait(nxt, t)
-                x["state"], x["since"], x["early"] = "running", t, None
+                x["state"], x["since"] = "running", t
         else:
             if cur > 0:
                 if not ev.startswith("sched:sched_wak"):
                     monitored.add(cur)  # wakers reach the woken task's events from any process
                 x = T(cur)
-                x["last_own"] = t
                 if x["state"] == "R":  # running now: its switch-in was not recorded
                     x["state"], x["since"] = "running", t
             if ev in ("sched:sched_waking", "sched:sched_wakeup", "sched:sched_wakeup_new"):
@@ -279,8 +268,6 @@ def main(path):
                     if x["state"] in ("S", "D", "other"):
                         end_wait(tid, t)
                         x["state"], x["since"] = "R", t
-                    elif x["state"] == "running":
-                        x["early"] = t
                     elif x["state"] is None:
                         x["state"], x["since"] = "R", t
     for tid in list(th):
