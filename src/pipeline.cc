@@ -63,13 +63,16 @@ bool has_user_callchain(const Sample& s) {
 // Everything one analysis holds, in the order it is built (and so torn down
 // in reverse: each part outlives those that point at it).
 struct Run {
-    explicit Run(const AnalysisOptions& o) : opt(o), session(o.input), one_thread(o.jobs <= 1) {}
+    explicit Run(const AnalysisOptions& o) : opt(o), session(o.input), one_thread(o.jobs <= 1), window(o.window) {
+        if (window.active()) session.set_window(&window);
+    }
     Run(const Run&) = delete;
     Run& operator=(const Run&) = delete;
 
     const AnalysisOptions& opt;
     Session session;  // 1. perfdata: the file, header, features, formats
     const bool one_thread;
+    TimeWindow window;  // --time: anchored by the session at the first sample
     StackMode mode = StackMode::OneThread;
     bool can_have_stacks = false;  // some event records user stacks (or a pipe's events are not known yet)
     // --gil-evidence, read at every sleep.
@@ -274,6 +277,10 @@ void build_timeline(Run& r) {
     r.timeline->set_classifier(
         [&r, by_probes = gil_probe_classifier(*r.gil)](const Sample& s, const EventInfo& ev, const PrevState& ps,
                                                        SleepLabel& label) { label_sleep(r, s, ev, ps, label, by_probes); });
+    if (r.window.active()) {
+        r.timeline->set_window(&r.window);
+        r.gil->set_window(&r.window);
+    }
     if (r.parallel) r.timeline->set_resolver([&r](int64_t t, bool wait) { return r.parallel->resolve(t, wait); });
     // Blame names holders by their stacks: a recording without any has
     // nothing to name them by (add_blame says so).
@@ -282,6 +289,7 @@ void build_timeline(Run& r) {
         r.blame_stacks->set_full_stacks(!r.opt.blame_folded.empty() || !r.opt.wait_folded.empty());
         r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
         r.blame->set_wait_stacks(!r.opt.wait_folded.empty());
+        if (r.window.active()) r.blame->set_window(&r.window);
         r.gil->set_listener(r.blame.get());
         r.timeline->set_observer(r.blame.get());
     }

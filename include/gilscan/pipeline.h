@@ -23,6 +23,7 @@
 
 #include "gilscan/output/summary.h"
 #include "gilscan/output/trace_writer.h"
+#include "gilscan/perfdata/time_window.h"
 
 namespace gilscan {
 
@@ -32,6 +33,7 @@ struct AnalysisOptions {
     std::string output;         // trace JSON path, "" = none
     TraceOptions trace;
     std::unordered_set<int32_t> pids;
+    TimeWindow window;          // --time: only this part of the recording (every output)
     std::string gil_evidence = "auto";  // auto | stacks | probes
     std::string symfs;
     std::string perf_maps;      // directory of perf-PID.map files for JIT frames' names ("": none; perf_map.h)

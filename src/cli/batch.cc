@@ -168,7 +168,7 @@ std::string rows_text(const std::vector<nlohmann::json>& rows, const char* const
 
 struct BatchOptions {
     unsigned jobs = all_cores();
-    std::string summary_path, traces_dir, symfs, evidence = "auto", functions_path, blame_path, perf_maps = "/tmp";
+    std::string summary_path, traces_dir, symfs, time, evidence = "auto", functions_path, blame_path, perf_maps = "/tmp";
     std::string cache_dir = default_debuginfo_cache_dir();
     uint64_t max_unpacked = kDefaultMaxUnpacked;
     std::vector<std::string> paths;
@@ -199,6 +199,15 @@ std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
         if (v != "auto" && v != "stacks" && v != "probes") throw UsageError("--gil-evidence takes auto, stacks or probes");
         o.evidence = v;
     });
+    t.value("--time", "START,STOP", "only seconds START to STOP from each recording's first sample",
+            [&](const std::string& v) {
+                try {
+                    TimeWindow::parse(v);
+                } catch (const std::invalid_argument& e) {
+                    throw UsageError(e.what());
+                }
+                o.time = v;
+            });
     t.value("--symfs", "DIR", "look for the recorded binaries under DIR first", [&](const std::string& v) { o.symfs = v; });
     t.value("--perf-maps", "DIR", "perf maps and jitdumps for JIT frames (default /tmp)",
             [&](const std::string& v) { o.perf_maps = non_empty("--perf-maps", v, "a directory"); });
@@ -233,6 +242,7 @@ std::vector<std::string> one_args(const BatchOptions& o, const std::string& inpu
     std::vector<std::string> a{"gilscan", kBatchOneCommand, input, "--gil-evidence", o.evidence, "-j",
                                std::to_string(jobs), "--max-unpacked", std::to_string(o.max_unpacked >> 20)};
     if (!o.symfs.empty()) a.insert(a.end(), {"--symfs", o.symfs});
+    if (!o.time.empty()) a.insert(a.end(), {"--time", o.time});
     if (o.perf_maps.empty()) a.push_back("--no-perf-maps");
     else a.insert(a.end(), {"--perf-maps", o.perf_maps});
     if (o.cache_dir.empty()) a.push_back("--no-cache");
@@ -323,6 +333,7 @@ int batch_one_main(int argc, char** argv) {
         max_unpacked = cli_number<uint64_t>("--max-unpacked", v, 1, 1ull << 40) << 20;
     });
     t.value("--symfs", "DIR", "", [&](const std::string& v) { o.symfs = v; });
+    t.value("--time", "W", "", [&](const std::string& v) { o.window = TimeWindow::parse(v); });
     t.value("--perf-maps", "DIR", "", [&](const std::string& v) { o.perf_maps = v; });
     t.flag("--no-perf-maps", "", [&] { o.perf_maps.clear(); });
     t.value("--cache-entries", "DIR", "", [&](const std::string& v) { o.debuginfo_cache = v; });

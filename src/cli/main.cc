@@ -50,6 +50,7 @@ struct Options {
     std::string blame_folded, wait_folded;
     unsigned jobs = gilscan::all_cores();
     std::unordered_set<int32_t> pids;
+    gilscan::TimeWindow window;  // --time
     std::string cache_dir = gilscan::default_debuginfo_cache_dir();
 };
 
@@ -71,8 +72,9 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.flag("-q, --quiet", "no summary table on stdout", [&] { o.quiet = true; });
     t.flag("--all-threads", "table: also threads of processes without GIL events", [&] { o.all_threads = true; });
     t.section("What the trace shows");
-    t.flag("--running", "running spans (R) too, as per4m's --running", [&] { o.running = true; });
-    t.flag("--no-running", "no running spans (the default)", [&] { o.running = false; });
+    t.flag("--running", "running spans (R) too, as per4m's --running (--no-running: none, the default)",
+           [&] { o.running = true; });
+    t.flag("--no-running", "", [&] { o.running = false; });
     t.flag("--no-runnable", "leave runnable spans (R+) out", [&] { o.runnable = false; });
     t.flag("--no-sleeping", "leave sleep spans out", [&] { o.sleeping = false; });
     t.value("--pid", "PID[,PID...]", "only these processes (trace and summary)", [&](const std::string& list) {
@@ -84,6 +86,14 @@ gilscan::OptionTable analysis_table(Options& o) {
             pos = comma + 1;
         }
     });
+    t.value("--time", "START,STOP", "only seconds START to STOP from the first sample (every output; either may be empty)",
+            [&](const std::string& v) {
+                try {
+                    o.window = gilscan::TimeWindow::parse(v);
+                } catch (const std::invalid_argument& e) {
+                    throw gilscan::UsageError(e.what());
+                }
+            });
     t.value("--sleep-stacks", "N", "each sleep's symbolized stack, up to N user frames", [&](const std::string& v) {
         o.sleep_stacks = cli_number<unsigned>("--sleep-stacks", v, 1, 1024);
     });
@@ -184,6 +194,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.output = opt.output;
     a.trace = {opt.running, opt.runnable, opt.sleeping, opt.pids};
     a.pids = opt.pids;
+    a.window = opt.window;
     a.gil_evidence = opt.gil_evidence;
     a.symfs = opt.symfs;
     a.perf_maps = opt.perf_maps;

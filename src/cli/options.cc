@@ -96,6 +96,7 @@ std::string OptionTable::help() const {
     width = std::min<size_t>(width, 30);
     std::string section = "\x01";
     for (const Option& o : options_) {
+        if (o.help.empty()) continue;  // accepted, described with another option
         if (o.section != section) {
             section = o.section;
             h += "\n" + (section.empty() ? std::string("Options") : section) + ":\n";

@@ -112,7 +112,7 @@ void GilBlame::charge(Thread& th, uint64_t contended, uint64_t held, Tally& to) 
 
 void GilBlame::advance(Gil& g, uint64_t t) {
     if (t <= g.since) return;
-    const uint64_t d = t - g.since;
+    const uint64_t d = window_ ? window_->overlap(g.since, t) : t - g.since;
     g.since = t;
     if (!probes_) {
         if (g.waiters) g.contended += d;
@@ -236,9 +236,10 @@ void GilBlame::sleep_started(int32_t pid, int32_t tid, uint64_t t, const SleepLa
 void GilBlame::sleep_ended(int32_t pid, int32_t tid, uint64_t t, int32_t waker_pid, int32_t waker, bool gil_wait) {
     Thread& th = thread(pid, tid);
     if (gil_wait && th.act == Act::Waiting) {
-        if (th.wait_sample && th.wait_sample->space && t > th.wait_since) {
+        const uint64_t waited = t <= th.wait_since ? 0 : window_ ? window_->overlap(th.wait_since, t) : t - th.wait_since;
+        if (th.wait_sample && th.wait_sample->space && waited) {
             const uint32_t id = stacks_.resolve(*th.wait_sample->space, th.wait_sample->sample, false);
-            waits_[{th.pid, id}] += t - th.wait_since;
+            waits_[{th.pid, id}] += waited;
         }
         th.wait_sample.reset();
         if (!probes_ && th.pid > 0) {

@@ -65,7 +65,7 @@ uint64_t GilTracker::gil_address(const Sample& s, const EventInfo& ev) {
 
 void GilTracker::account(Process& p, uint64_t t) {
     if (t > p.changed) {
-        const uint64_t dt = t - p.changed;
+        const uint64_t dt = window_ ? window_->overlap(p.changed, t) : t - p.changed;
         if (p.holders > 0) p.st.held_ns += dt;
         if (p.holders > 0 && p.waiters > 0) p.st.contended_ns += dt;
         if (p.waiters > 0) p.st.waiting_ns += dt;
@@ -74,30 +74,60 @@ void GilTracker::account(Process& p, uint64_t t) {
 }
 
 void GilTracker::waiters_changed(Process& p, uint64_t t) {
-    p.st.max_waiters = std::max(p.st.max_waiters, p.waiters);
-    if (trace_) trace_->gil_waiters(p.st.pid, p.st.index, t, p.waiters);
+    if (window_) [[unlikely]] {
+        if (t >= window_->hi) return;
+        if (t < window_->lo) {
+            p.count_before_window = true;
+            p.waiters_before_window = p.waiters;
+            return;
+        }
+        open_window_count(p);
+    }
+    show_waiters(p, t, p.waiters);
+}
+
+void GilTracker::show_waiters(Process& p, uint64_t t, uint32_t n) {
+    p.st.max_waiters = std::max(p.st.max_waiters, n);
+    if (trace_) trace_->gil_waiters(p.st.pid, p.st.index, t, n);
+}
+
+// The count the window opens with, at its start, once.
+void GilTracker::open_window_count(Process& p) {
+    if (!p.count_before_window) return;
+    p.count_before_window = false;
+    show_waiters(p, window_->lo, p.waiters_before_window);
 }
 
 void GilTracker::set_holder(Process& p, int32_t tid, uint64_t t) {
     // Close the holder track's previous span.
-    if (p.holder > 0 && trace_ && t > p.holder_since)
-        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid, p.st.index), p.holder, p.holder_since, t,
+    uint64_t a = p.holder_since, b = t;
+    if (p.holder > 0 && trace_ && t > p.holder_since && (!window_ || window_->clip(a, b)))
+        trace_->gil_holder(p.st.pid, gil_track_tid(p.st.pid, p.st.index), p.holder, a, b,
                            listener_ ? listener_->hold_culprit(p.st.pid, p.st.index, p.holder, t, p.cookie) : std::string_view());
     p.holder = tid;
     p.holder_since = t;
 }
 
+// th's interval from `since` to t, cut to --time: false when none of it is in.
+bool GilTracker::in_window(const Thread& th, uint64_t t, uint64_t& a, uint64_t& b) const {
+    a = th.since;
+    b = std::max(t, th.since);
+    return !window_ || window_->clip(a, b);
+}
+
 void GilTracker::end_wait(Thread& th, uint64_t t, bool cut) {
-    const uint64_t d = t > th.since ? t - th.since : 0;
-    th.st.wait_ns += d;
-    if (trace_)
-        trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.gil ? th.gil->st.index : 0, th.since, t, cut);
+    uint64_t a, b;
+    if (!in_window(th, t, a, b)) return;
+    th.st.wait_ns += b - a;
+    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Wait, th.gil ? th.gil->st.index : 0, a, b, cut);
 }
 
 void GilTracker::end_hold(Thread& th, Process& p, uint64_t t, bool cut) {
-    const uint64_t d = t > th.since ? t - th.since : 0;
-    th.st.hold_ns += d;
-    if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, p.st.index, th.since, t, cut);
+    uint64_t a, b;
+    if (in_window(th, t, a, b)) {
+        th.st.hold_ns += b - a;
+        if (trace_) trace_->gil_span(th.st.tgid, th.st.tid, TraceSink::GilSpan::Lock, p.st.index, a, b, cut);
+    }
     account(p, t);
     if (p.holders > 0) --p.holders;
     if (p.holder == th.st.tid) set_holder(p, -1, t);
@@ -117,8 +147,8 @@ void GilTracker::end_unseen_hold(Process& p, uint64_t t) {
 }
 
 __attribute__((noinline)) void GilTracker::on_probe(const Sample& s, const EventInfo& ev, TpKind k) {
-    ++probe_events_;
     const uint64_t t = s.time;
+    probe_events_ += !window_ || window_->contains(t);
     Thread& th = thread_of(s.pid, s.tid);
     th.st.first = std::min(th.st.first, t);
     th.st.last = std::max(th.st.last, t);
@@ -210,6 +240,7 @@ void GilTracker::finish(uint64_t end) {
         th.state = GilState::None;
     }
     for (auto& p : procs_) {
+        if (window_ && end >= window_->lo) open_window_count(p);
         account(p, std::max(end, p.changed));
         if (p.holder > 0) set_holder(p, -1, std::max(end, p.holder_since));
         tell(p, std::max(end, p.changed));

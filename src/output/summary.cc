@@ -36,6 +36,12 @@ void add_file_facts(const Session& s, FileSummary& fs) {
                               (static_cast<int64_t>(st.first_time) - static_cast<int64_t>(cd->clockid_ns)));
     }
     fs.last_time = st.last_time;
+    if (const TimeWindow* w = s.window(); w && w->active()) {
+        FileSummary::Window fw{w->start_s, w->stop_s, std::clamp(w->lo, st.first_time, st.last_time),
+                               std::clamp(w->hi, st.first_time, st.last_time), w->describe()};
+        if (!st.have_time) fw.start_ns = fw.stop_ns = 0;
+        fs.window = fw;
+    }
     fs.lost_events = st.lost_events;
     fs.lost_records = st.lost_records;
     fs.lost_samples = st.lost_samples;
@@ -54,7 +60,7 @@ void add_file_facts(const Session& s, FileSummary& fs) {
 // 10^5-10^6 tids). GIL figures for every thread of a process that ran the
 // probed Python.
 void add_threads(const std::vector<const ThreadStats*>& threads, const std::unordered_set<int32_t>& pids,
-                 const GilTracker* gil, FileSummary& fs) {
+                 const GilTracker* gil, const TimeWindow* window, FileSummary& fs) {
     const bool probes = gil && gil->seen_probes();
     std::unordered_set<int32_t> gil_pids;  // processes that ran the probed Python
     if (probes)
@@ -70,6 +76,8 @@ void add_threads(const std::vector<const ThreadStats*>& threads, const std::unor
         int32_t pid = t->tgid > 0 ? t->tgid : t->tid;
         if (!pids.empty() && !pids.count(pid)) continue;
         if (!t->monitored) continue;  // named by a record, but its events were not recorded
+        // --time: a thread whose life does not meet the window is not in it.
+        if (window && (t->last_seen < window->lo || t->first_seen >= window->hi)) continue;
         rows.push_back({pid, t->tid, t});
     }
     std::stable_sort(rows.begin(), rows.end(),
@@ -80,7 +88,11 @@ void add_threads(const std::vector<const ThreadStats*>& threads, const std::unor
         ThreadSummary ts;
         ts.st = t;
         ts.st.tgid = row.pid;
-        ts.span_ns = t.last_seen >= t.first_seen ? t.last_seen - t.first_seen : 0;
+        if (window) {
+            ts.st.first_seen = std::max(t.first_seen, window->lo);
+            ts.st.last_seen = std::min(t.last_seen, window->hi);
+        }
+        ts.span_ns = ts.st.last_seen >= ts.st.first_seen ? ts.st.last_seen - ts.st.first_seen : 0;
         ts.main_thread = t.tid == row.pid;
         if (probes && !t.replaced_by_exec && gil_pids.count(row.pid)) {
             const GilThreadStats* g = gil->thread(t.tid);
@@ -95,11 +107,19 @@ void add_threads(const std::vector<const ThreadStats*>& threads, const std::unor
 }
 
 // Per GIL: the uprobes' figures and anomalies.
-void add_gil_processes(const GilTracker& gil, const std::unordered_set<int32_t>& pids, FileSummary& fs) {
+void add_gil_processes(const GilTracker& gil, const std::unordered_set<int32_t>& pids, const TimeWindow* window,
+                       FileSummary& fs) {
     fs.gil_probes = true;
     fs.gil_probe_events = gil.probe_events();
-    for (const auto& gp : gil.processes())
-        if (pids.empty() || pids.count(gp.pid)) fs.gil_processes.push_back(gp);
+    for (auto gp : gil.processes()) {
+        if (!pids.empty() && !pids.count(gp.pid)) continue;
+        if (window) {  // its span within the window, if it meets it
+            if (gp.last < window->lo || gp.first >= window->hi) continue;
+            gp.first = std::max(gp.first, window->lo);
+            gp.last = std::min(gp.last, window->hi);
+        }
+        fs.gil_processes.push_back(gp);
+    }
     fs.gil_anomalies = gil.anomalies();
     if (fs.gil_anomalies.implicit_drops)
         fs.warnings.push_back(std::to_string(fs.gil_anomalies.implicit_drops) +
@@ -166,8 +186,9 @@ FileSummary build_summary(const Session& s, const std::vector<const ThreadStats*
                           const std::unordered_set<int32_t>& pids, const GilTracker* gil, bool cpu_wide) {
     FileSummary fs;
     add_file_facts(s, fs);
-    add_threads(threads, pids, gil, fs);
-    if (gil && gil->seen_probes()) add_gil_processes(*gil, pids, fs);
+    const TimeWindow* window = s.window() && s.window()->active() ? s.window() : nullptr;
+    add_threads(threads, pids, gil, window, fs);
+    if (gil && gil->seen_probes()) add_gil_processes(*gil, pids, window, fs);
     warn_hidden_switch_ins(s, cpu_wide, fs);
     return fs;
 }
@@ -219,8 +240,13 @@ void print_gil_functions(std::FILE* out, const FileSummary& fs) {
 }  // namespace
 
 void print_summary_table(std::FILE* out, const FileSummary& fs, bool all_threads) {
-    std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms recorded):\n\n", fs.file.c_str(), fs.clock.c_str(),
-                 ms(fs.last_time - fs.first_time));
+    if (fs.window)
+        std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms from %s of %.1f ms recorded):\n\n",
+                     fs.file.c_str(), fs.clock.c_str(), ms(fs.window->stop_ns - fs.window->start_ns),
+                     fs.window->text.c_str(), ms(fs.last_time - fs.first_time));
+    else
+        std::fprintf(out, "\nSummary of threads (%s, clock %s, %.1f ms recorded):\n\n", fs.file.c_str(),
+                     fs.clock.c_str(), ms(fs.last_time - fs.first_time));
     const bool gil_wait = std::any_of(fs.threads.begin(), fs.threads.end(), [](auto& t) { return t.gil_wait_ns.has_value(); });
     std::fprintf(out, "%9s %8s  %-16s %10s %8s %9s %7s %7s %6s %6s", "PID", "TID", "comm", "total(ms)", "run%",
                  "runnable%", "sleep%", "sleeps", "D%", "?%");
@@ -351,6 +377,13 @@ nlohmann::json summary_head(const FileSummary& fs) {
     j["date"] = fs.date.empty() ? json(nullptr) : json(fs.date);
     j["first_time_ns"] = fs.first_time;
     j["last_time_ns"] = fs.last_time;
+    if (fs.window) {
+        const auto secs = [](const std::optional<double>& v) { return v ? json(*v) : json(nullptr); };
+        j["window"] = {{"start_s", secs(fs.window->start_s)}, {"stop_s", secs(fs.window->stop_s)},
+                       {"start_ns", fs.window->start_ns}, {"stop_ns", fs.window->stop_ns}};
+    } else {
+        j["window"] = nullptr;
+    }
     j["pipe_mode"] = fs.pipe_mode;
     j["compressed"] = fs.compressed;
     j["truncated"] = fs.truncated;

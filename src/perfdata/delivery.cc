@@ -236,7 +236,12 @@ template <class Complete>
         return;
     }
     s.note = r.note;
-    ++stats_.samples_by_event[static_cast<size_t>(event_index)];
+    if (window_) [[unlikely]] {
+        if (!window_->anchored && s.has_time) window_->anchor(s.time);  // the first sample
+        if (!s.has_time || window_->contains(s.time)) ++stats_.samples_by_event[static_cast<size_t>(event_index)];
+    } else {
+        ++stats_.samples_by_event[static_cast<size_t>(event_index)];
+    }
     if (s.has_time) {
         // Into stats_ at the end of run(): here two compares, no flag.
         time_lo_ = std::min(time_lo_, s.time);

@@ -7,6 +7,7 @@ the decoded facts gilscan must reproduce: event counts per name, and per
 monitored thread its sleep count/total and D count/total, in nanoseconds.
 
     test/e2e/golden_expect.py testdata/plain.data > testdata/plain.expected.json
+    test/e2e/golden_expect.py testdata/plain.data --time 0.1,0.2   # a window, as gilscan --time
 
 Rules mirrored here (the spec, restated on perf's text):
 - a thread is "monitored" once it is the current task of some sample;
@@ -29,6 +30,11 @@ addresses a process has one GIL. Held = some thread holds it, contended =
 held while another waits, waiting = some thread waits; the span is its
 first to last probe event, and what is open at the end runs to the last
 timestamp.
+--time START,STOP (seconds from the first sample, either may be empty):
+every interval above is cut to [first + START, first + STOP); a sleep, D
+wait or event outside it is not counted (an instant sleep counts where it
+is); a GIL's span is cut to it, and its most waiters are those of changes
+inside it and of the count it opens with.
 """
 import json
 import re
@@ -71,10 +77,38 @@ def lost_stats(path):
     return {"lost_records": lost_records, "lost_samples": lost_samples, "lost_by_cpu": per_cpu}
 
 
-def main(path):
+def window(text, arg):
+    """[lo, hi) in ns for --time START,STOP, from the first sample line of text."""
+    if arg is None:
+        return 0, float("inf")
+    first = None
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m and not m.group("event").startswith("PERF_RECORD_"):
+            first = int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))
+            break
+    start, stop = arg.split(",")
+    lo = first + round(float(start) * 1e9) if start else 0
+    hi = first + round(float(stop) * 1e9) if stop else float("inf")
+    return lo, hi
+
+
+def main(path, time_arg=None):
     text = subprocess.run(["perf", "script", "-i", path, "--ns", "--show-task-events",
                            "-F", "comm,pid,tid,cpu,time,event,trace"],
                           check=True, capture_output=True, text=True).stdout
+    lo, hi = window(text, time_arg)
+
+    def clip(a, b):
+        """The part of [a, b] inside the window, or None."""
+        if a == b:
+            return (a, b) if lo <= a < hi else None
+        a, b = max(a, lo), min(b, hi)
+        return (a, b) if a < b else None
+
+    def ov(a, b):
+        c = clip(a, max(a, b))
+        return c[1] - c[0] if c else 0
     counts = {}
     monitored = set()
     th = {}  # tid -> dict(state, since)
@@ -93,12 +127,15 @@ def main(path):
             if DEBUG == tid:
                 print("sleep", x["state"], x["since"], t, t - x["since"], file=sys.stderr)
             r = R(tid)
+            c = clip(x["since"], max(x["since"], t))
+            if c is None:
+                return
             if x["state"] == "S":
                 r[0] += 1
-                r[1] += max(0, t - x["since"])
+                r[1] += c[1] - c[0]
             else:
                 r[2] += 1
-                r[3] += max(0, t - x["since"])
+                r[3] += c[1] - c[0]
 
     def exit_thread(tid, t):
         x = T(tid)
@@ -136,11 +173,11 @@ def main(path):
 
     def gil_counters(key):
         return gils.setdefault(key, {"holders": 0, "waiters": 0, "changed": 0, "held": 0, "contended": 0,
-                                     "waiting": 0, "max_waiters": 0, "first": None, "last": 0})
+                                     "waiting": 0, "max_waiters": 0, "first": None, "last": 0, "opens": None})
 
     def account(c, t):
         if t > c["changed"]:
-            dt = t - c["changed"]
+            dt = ov(c["changed"], t)
             if c["holders"] > 0:
                 c["held"] += dt
                 if c["waiters"] > 0:
@@ -168,7 +205,10 @@ def main(path):
                 was["holders"] -= 1
             thread_gil[tid] = key
             c["waiters"] += 1
-            c["max_waiters"] = max(c["max_waiters"], c["waiters"])
+            if t < lo:
+                c["opens"] = c["waiters"]
+            elif t < hi:
+                c["max_waiters"] = max(c["max_waiters"], c["waiters"])
         elif base == "take_gil":
             if state == "wait":
                 c["waiters"] -= 1
@@ -194,19 +234,19 @@ def main(path):
         gil_domain(pid, tid, base, ret, address, t, g["state"])
         if base == "take_gil" and not ret:
             if g["state"] == "wait":
-                g["wait"] += t - g["since"]
+                g["wait"] += ov(g["since"], t)
             elif g["state"] == "hold":
-                g["hold"] += t - g["since"]
+                g["hold"] += ov(g["since"], t)
             g["state"], g["since"] = "wait", t
         elif base == "take_gil":
             if g["state"] == "wait":
-                g["wait"] += t - g["since"]
+                g["wait"] += ov(g["since"], t)
             g["state"], g["since"] = "hold", t
         elif not ret:
             if g["state"] == "hold":
-                g["hold"] += t - g["since"]
+                g["hold"] += ov(g["since"], t)
             elif g["state"] == "wait":
-                g["wait"] += t - g["since"]
+                g["wait"] += ov(g["since"], t)
             g["state"] = "drop"
         else:
             if g["state"] == "drop":
@@ -228,8 +268,9 @@ def main(path):
         if "gil" in ev:
             gil_event(int(m.group("pid")), int(m.group("tid")), ev,
                       int(m.group("sec")) * 1_000_000_000 + int(m.group("ns")), m.group("rest"))
-        counts[ev] = counts.get(ev, 0) + 1
         t = int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))
+        if lo <= t < hi:
+            counts[ev] = counts.get(ev, 0) + 1
         last = max(last, t)
         cur = int(m.group("tid"))
         f = fields(m.group("rest"))
@@ -276,9 +317,13 @@ def main(path):
                for tid, r in sorted(res.items()) if tid in monitored}
     for tid, g in gil.items():
         if g["state"] in ("wait", "hold"):
-            g[g["state"]] += last - g["since"]  # open at the end: cut at the last timestamp
+            g[g["state"]] += ov(g["since"], last)  # open at the end: cut at the last timestamp
     for c in gils.values():
         account(c, max(last, c["changed"]))
+        if c["opens"] is not None and last >= lo:
+            c["max_waiters"] = max(c["max_waiters"], c["opens"])
+        if c["first"] is not None:
+            c["first"], c["last"] = max(c["first"], lo), min(c["last"], hi)
     out = {"source": "perf script", "event_counts": counts, "threads": threads}
     if gil:
         out["gil"] = {str(tid): {"wait_ns": g["wait"], "hold_ns": g["hold"], "span_ns": g["last"] - g["first"],
@@ -300,4 +345,5 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    main(args[0], args[args.index("--time") + 1] if "--time" in args else None)

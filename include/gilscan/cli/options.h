@@ -38,7 +38,8 @@ public:
 
     // The options added after this are listed under `heading` in --help.
     void section(std::string heading);
-    // names: "-o, --output" or "--running"; every spelling is accepted.
+    // names: "-o, --output" or "--running"; every spelling is accepted. An
+    // option with no help is accepted but not listed (another's help names it).
     void flag(std::string names, std::string help, std::function<void()> set);
     void value(std::string names, std::string metavar, std::string help,
                std::function<void(const std::string&)> set);

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "gilscan/gil/blame_stacks.h"
+#include "gilscan/perfdata/time_window.h"
 #include "gilscan/gil/gil_probes.h"
 #include "gilscan/sched/tid_map.h"
 #include "gilscan/sched/timeline.h"
@@ -101,6 +102,8 @@ public:
     uint64_t unattributed_ns() const { return unattributed_ns_; }
     // --wait-folded: the GIL waits' stacks, by (pid, stack), in ns waited.
     void set_wait_stacks(bool on) { wait_stacks_ = on; }
+    // --time: only waiting inside it is charged.
+    void set_window(const TimeWindow* w) { window_ = w; }
     const std::map<std::pair<int32_t, uint32_t>, uint64_t>& wait_charges() const { return waits_; }
     // Inferred: per process, the time in which at least one thread waited.
     std::map<int32_t, uint64_t> waiting_ns() const;
@@ -173,6 +176,7 @@ private:
     BlameStacks& stacks_;
     bool probes_ = false;
     bool wait_stacks_ = false;
+    const TimeWindow* window_ = nullptr;
     std::deque<Thread> all_;      // deque: entries never move (Gil::holder_th points at one)
     PtrIdMap<Thread> threads_;    // tid -> its entry in all_
     std::map<std::pair<int32_t, uint32_t>, Gil> gils_;

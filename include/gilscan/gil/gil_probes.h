@@ -112,6 +112,9 @@ public:
     }
     void finish(uint64_t end);
     void set_listener(GilListener* l) { listener_ = l; }
+    // --time: waits, holds and the GILs' figures are clipped to it, and so
+    // are the trace's GIL spans; a waiters count before it is drawn at its start.
+    void set_window(const TimeWindow* w) { window_ = w; }
 
     bool seen_probes() const { return probe_events_ > 0; }
     uint64_t probe_events() const { return probe_events_; }
@@ -131,6 +134,10 @@ private:
         uint64_t changed = 0;
         uint32_t gils = 1;  // the process's first GIL: how many the process has
         void* cookie = nullptr;  // the listener's (GilListener::gil_state)
+        // --time: the waiters count last set before the window, which it
+        // opens with (drawn at its start with the first change inside it).
+        bool count_before_window = false;
+        uint32_t waiters_before_window = 0;
     };
     struct Thread {
         GilThreadStats st;
@@ -160,6 +167,9 @@ private:
     void account(Process& p, uint64_t t);  // integrate the process counters up to t
     void set_holder(Process& p, int32_t tid, uint64_t t);
     void waiters_changed(Process& p, uint64_t t);
+    void show_waiters(Process& p, uint64_t t, uint32_t n);
+    void open_window_count(Process& p);
+    bool in_window(const Thread& th, uint64_t t, uint64_t& a, uint64_t& b) const;
     void end_wait(Thread& th, uint64_t t, bool cut);
     void end_hold(Thread& th, Process& p, uint64_t t, bool cut);
     void end_unseen_hold(Process& p, uint64_t t);  // another thread's take returned: p's holder let go
@@ -170,6 +180,7 @@ private:
 
     TraceSink* trace_;
     GilListener* listener_ = nullptr;
+    const TimeWindow* window_ = nullptr;
     PtrIdMap<Thread> threads_;  // tid -> its entry in all_
     std::deque<Thread> all_;  // deque: entries never move
     PtrIdMap<Process> proc_index_;  // pid -> its first GIL in procs_

@@ -41,6 +41,13 @@ struct FileSummary {
     std::string file, clock, hostname, cmdline, perf_version;
     std::string date;  // ISO 8601 UTC of the first event, from HEADER_CLOCK_DATA ("" if unknown)
     uint64_t first_time = 0, last_time = 0;
+    // --time: the part analysed (every figure, row and span is of it alone).
+    struct Window {
+        std::optional<double> start_s, stop_s;  // as asked, seconds from the first sample
+        uint64_t start_ns = 0, stop_ns = 0;     // on the recording's clock, within first_time..last_time
+        std::string text;                       // "1.5 s to 3 s"
+    };
+    std::optional<Window> window;
     uint64_t lost_events = 0, lost_records = 0, lost_samples = 0;
     std::map<uint32_t, uint64_t> lost_by_cpu, lost_samples_by_cpu;
     std::map<std::string, uint64_t> event_counts;

@@ -33,6 +33,7 @@
 #include "gilscan/perfdata/record_stream.h"
 #include "gilscan/perfdata/sample.h"
 #include "gilscan/perfdata/tp_kind.h"
+#include "gilscan/perfdata/time_window.h"
 #include "gilscan/perfdata/tracing_data.h"
 
 namespace gilscan {
@@ -140,6 +141,10 @@ public:
     // call, false when there is none.
     void set_mmap_seen(std::function<bool(const MmapEvent&)> f) { mmap_seen_ = std::move(f); }
     void set_stages_idle(std::function<bool()> f) { stages_idle_ = std::move(f); }
+    // --time: anchored at the first sample delivered; samples_by_event then
+    // counts the samples inside it only. The window outlives run().
+    void set_window(TimeWindow* w) { window_ = w; }
+    const TimeWindow* window() const { return window_; }
 
     const std::string& path() const { return file_.path(); }
     uint64_t file_size() const { return file_.size(); }
@@ -195,6 +200,7 @@ private:
     std::function<bool()> reader_idle_;
     std::function<bool(const MmapEvent&)> mmap_seen_;
     std::function<bool()> stages_idle_;
+    TimeWindow* window_ = nullptr;
     // Written by the stages' thread for every record, so on cache lines of
     // their own: sharing one with what the reader thread reads for every
     // record (progress_ sat right after stats_) made each write take the line

@@ -187,6 +187,9 @@ public:
 
     void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
     void set_observer(ThreadObserver* o) { observer_ = o; }
+    // --time: states are clipped to it, threads' first/last times too; what
+    // lies wholly outside is neither counted nor drawn.
+    void set_window(const TimeWindow* w) { window_ = w; }
     // Whether its sink wants spans: what it sets every label's text to
     // (SleepLabel::text), for labels made elsewhere to follow.
     bool spans_wanted() const { return spans_wanted_; }
@@ -275,6 +278,7 @@ private:
     }
     void close(Thread& th, uint64_t t, bool cut, std::optional<SpanKind> as = std::nullopt);
     void emit(Thread& th, uint64_t start, uint64_t end, bool cut);
+    void outside_window(Thread& th, uint64_t start, uint64_t end, bool cut);
     [[gnu::noinline]] void emit_gil_functions(Thread& th, uint64_t start, uint64_t end, bool cut);
     template <bool kGilFunctions>
     [[gnu::always_inline]] void emit_as(Thread& th, uint64_t start, uint64_t end, bool cut);
@@ -324,6 +328,7 @@ private:
     TracepointDecoder dec_;
     SleepClassifier classifier_;
     ThreadObserver* observer_ = nullptr;
+    const TimeWindow* window_ = nullptr;
     [[gnu::noinline]] void observe_sleep_end(const Thread& th, uint64_t t);
     Resolver resolver_;
     struct PendingSpan {
