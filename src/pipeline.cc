@@ -17,6 +17,7 @@
 #include "gilscan/gil/gil_stacks.h"
 #include "gilscan/gil/reader_stacks.h"
 #include "gilscan/output/blame_report.h"
+#include "gilscan/output/html_report.h"
 #include "gilscan/output/output_file.h"
 #include "gilscan/output/trace_relay.h"
 #include "gilscan/output/trace_writer.h"
@@ -86,6 +87,8 @@ struct Run {
     NullSink null_sink;
     std::unique_ptr<TraceWriter> trace;
     std::unique_ptr<TraceRelay> relay;
+    std::unique_ptr<ReportCollector> report;  // --html
+    std::unique_ptr<TeeTraceSink> tee;        // the trace and the report
     TraceSink* trace_sink = nullptr;
 
     // 3. symbols.
@@ -146,14 +149,20 @@ void plan_threads(Run& r) {
 // 5. The trace's file and writer, opened up front; from -j 2 its events are
 // formatted by the reader thread while it would wait (trace_relay.h).
 void open_trace(Run& r) {
-    if (r.opt.output.empty()) return;
-    r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
-    r.trace = std::make_unique<TraceWriter>(*r.trace_out, r.opt.trace);
-    r.trace_sink = r.trace.get();
-    if (r.one_thread) return;
-    r.relay = std::make_unique<TraceRelay>(*r.trace);
-    r.session.set_reader_idle([relay = r.relay.get()] { return relay->format_some(); });
-    r.trace_sink = r.relay.get();
+    if (!r.opt.output.empty()) {
+        r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
+        r.trace = std::make_unique<TraceWriter>(*r.trace_out, r.opt.trace);
+        r.trace_sink = r.trace.get();
+        if (!r.one_thread) {
+            r.relay = std::make_unique<TraceRelay>(*r.trace);
+            r.session.set_reader_idle([relay = r.relay.get()] { return relay->format_some(); });
+            r.trace_sink = r.relay.get();
+        }
+    }
+    if (r.opt.html.empty()) return;  // --html: the report's collector beside the trace
+    r.report = std::make_unique<ReportCollector>();
+    if (r.trace_sink) r.tee = std::make_unique<TeeTraceSink>(*r.trace_sink, *r.report);
+    r.trace_sink = r.tee ? static_cast<TraceSink*>(r.tee.get()) : r.report.get();
 }
 
 // 3. Symbols: the binaries the recording names, its kernel, the perf maps.
@@ -286,9 +295,10 @@ void build_timeline(Run& r) {
     // nothing to name them by (add_blame says so).
     if (r.opt.blame && r.can_have_stacks) {
         r.blame_stacks = std::make_unique<BlameStacks>(*r.modules);
-        r.blame_stacks->set_full_stacks(!r.opt.blame_folded.empty() || !r.opt.wait_folded.empty());
+        const bool folded = !r.opt.blame_folded.empty() || !r.opt.wait_folded.empty() || !r.opt.html.empty();
+        r.blame_stacks->set_full_stacks(folded);
         r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
-        r.blame->set_wait_stacks(!r.opt.wait_folded.empty());
+        r.blame->set_wait_stacks(!r.opt.wait_folded.empty() || !r.opt.html.empty());
         if (r.window.active()) r.blame->set_window(&r.window);
         r.gil->set_listener(r.blame.get());
         r.timeline->set_observer(r.blame.get());
@@ -446,28 +456,22 @@ void write_trace(Run& r, const FileSummary& summary) {
     r.trace_out->commit();
 }
 
-// 5. Folded stacks of blame (contended hold) and of the waits.
+// 5. Folded stacks of blame (contended hold) and of the waits; with no
+// stacks to fold (add_blame's warning), the files asked for, empty.
 void write_folded_stacks(const Run& r, const FileSummary& summary) {
-    if (!r.blame) {  // no stacks to fold (add_blame's warning): the files asked for, empty
-        for (const std::string* f : {&r.opt.blame_folded, &r.opt.wait_folded})
-            if (!f->empty()) write_folded(*f, {});
-        return;
-    }
-    std::map<int32_t, std::string> comm;
-    for (const auto& t : summary.threads)
-        if (t.main_thread || !comm.count(t.st.tgid)) comm[t.st.tgid] = t.st.comm;
-    auto keep = [&](std::map<std::pair<int32_t, uint32_t>, uint64_t> m) {
-        if (!r.opt.pids.empty()) std::erase_if(m, [&](const auto& kv) { return !r.opt.pids.count(kv.first.first); });
-        return m;
-    };
-    if (!r.opt.blame_folded.empty()) {
-        std::map<std::pair<int32_t, uint32_t>, uint64_t> held;
-        for (const BlameCharge& c : r.blame->charges())
-            if (c.contended_ns()) held[{c.pid, c.stack}] += c.contended_ns();
-        write_folded(r.opt.blame_folded, folded_lines(keep(std::move(held)), *r.blame_stacks, comm));
-    }
-    if (!r.opt.wait_folded.empty())
-        write_folded(r.opt.wait_folded, folded_lines(keep(r.blame->wait_charges()), *r.blame_stacks, comm));
+    if (r.opt.blame_folded.empty() && r.opt.wait_folded.empty()) return;
+    auto [blame, waits] = folded_stacks(r.blame.get(), r.blame_stacks.get(), summary, r.opt.pids);
+    if (!r.opt.blame_folded.empty()) write_folded(r.opt.blame_folded, blame);
+    if (!r.opt.wait_folded.empty()) write_folded(r.opt.wait_folded, waits);
+}
+
+// 5. --html: the report, from the summary, the collector and the folded stacks.
+void write_report(const Run& r, const FileSummary& summary) {
+    if (!r.report) return;
+    auto [blame, waits] = folded_stacks(r.blame.get(), r.blame_stacks.get(), summary, r.opt.pids);
+    ReportInputs in{summary, *r.report, std::move(waits), std::move(blame),
+                    pythons_mapped(r.maps, summary), r.session.features().nr_cpus_online};
+    write_html_report(r.opt.html, in);
 }
 
 }  // namespace
@@ -485,6 +489,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     FileSummary summary = summarise(r);  // 5. output: the summary
     write_trace(r, summary);             // 5. output: the trace, committed
     write_folded_stacks(r, summary);     // 5. output: folded stacks
+    write_report(r, summary);            // 5. output: the HTML report
     if (!opt.display_name.empty()) summary.file = opt.display_name;
     if (opt.on_complete) opt.on_complete(summary);
     return summary;

@@ -31,6 +31,7 @@ struct AnalysisOptions {
     std::string input;
     std::string display_name;   // the name to report (e.g. the .data.zst it came from)
     std::string output;         // trace JSON path, "" = none
+    std::string html;           // --html report path, "" = none (html_report.h)
     TraceOptions trace;
     std::unordered_set<int32_t> pids;
     TimeWindow window;          // --time: only this part of the recording (every output)

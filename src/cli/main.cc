@@ -34,6 +34,7 @@ struct Options {
     std::string input;
     std::string output;
     std::string summary_json;
+    std::string html;  // --html
     std::string summary;           // the table to this file ("": stdout, or stderr as below)
     bool table_on_stderr = false;  // under record: stdout is the recorded program's
     bool quiet_warnings = false;   // record -q: its warnings only in the summary JSON
@@ -69,6 +70,8 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.value("-o, --output", "FILE", "the Chrome trace JSON (\"-\": stdout; .gz/.zst: compressed)",
             [&](const std::string& v) { o.output = v; });
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { o.summary_json = v; });
+    t.value("--html", "FILE", "a report to open in a browser: table, timeline, flame graphs (no network)",
+            [&](const std::string& v) { o.html = gilscan::non_empty("--html", v, "a file"); });
     t.flag("-q, --quiet", "no summary table on stdout", [&] { o.quiet = true; });
     t.flag("--all-threads", "table: also threads of processes without GIL events", [&] { o.all_threads = true; });
     t.section("What the trace shows");
@@ -118,10 +121,11 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.value("--perf-maps", "DIR", "perf-PID.map / jit-PID.dump files for JIT frames (default /tmp)",
             [&](const std::string& v) { o.perf_maps = gilscan::non_empty("--perf-maps", v, "a directory"); });
     t.flag("--no-perf-maps", "leave JIT frames unnamed", [&] { o.perf_maps.clear(); });
-    t.value("--cache-dir", "DIR", "keep the cache in DIR/gilscan-cache (default ~/.cache)", [&](const std::string& v) {
+    t.value("--cache-dir", "DIR", "keep the cache in DIR/gilscan-cache (default ~/.cache; --no-cache: none)",
+            [&](const std::string& v) {
         o.cache_dir = gilscan::cache_entries_dir(gilscan::non_empty("--cache-dir", v, "a directory"));
     });
-    t.flag("--no-cache", "neither use nor fill the cache", [&] { o.cache_dir.clear(); });
+    t.flag("--no-cache", "", [&] { o.cache_dir.clear(); });
     t.value("-j, --jobs", "N", "threads (default and 0: all cores); results are the same at any N",
             [&](const std::string& v) {
                 const unsigned n = cli_number<unsigned>("-j", v, 0, 256);
@@ -161,6 +165,7 @@ Options parse_args(int argc, char** argv) {
 std::vector<std::pair<std::string, std::string>> outputs_of(const Options& o) {
     return {{"-o", o.output},
             {"--summary-json", o.summary_json},
+            {"--html", o.html},
             {"--summary", o.summary},
             {"--blame-folded", o.blame_folded},
             {"--wait-folded", o.wait_folded}};
@@ -203,6 +208,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     a.blame = opt.blame;
     a.blame_top = opt.top;
     a.blame_folded = opt.blame_folded;
+    a.html = opt.html;
     a.wait_folded = opt.wait_folded;
     a.jobs = opt.jobs;
     a.debuginfo_cache = opt.cache_dir;

@@ -108,4 +108,20 @@ void write_folded(const std::string& path, const std::vector<std::string>& lines
     f.commit();
 }
 
+std::pair<std::vector<std::string>, std::vector<std::string>> folded_stacks(
+    const GilBlame* blame, const BlameStacks* stacks, const FileSummary& summary, const std::unordered_set<int32_t>& pids) {
+    if (!blame || !stacks) return {};
+    std::map<int32_t, std::string> comm;
+    for (const auto& t : summary.threads)
+        if (t.main_thread || !comm.count(t.st.tgid)) comm[t.st.tgid] = t.st.comm;
+    auto keep = [&](std::map<std::pair<int32_t, uint32_t>, uint64_t> m) {
+        if (!pids.empty()) std::erase_if(m, [&](const auto& kv) { return !pids.count(kv.first.first); });
+        return m;
+    };
+    std::map<std::pair<int32_t, uint32_t>, uint64_t> held;
+    for (const BlameCharge& c : blame->charges())
+        if (c.contended_ns()) held[{c.pid, c.stack}] += c.contended_ns();
+    return {folded_lines(keep(std::move(held)), *stacks, comm), folded_lines(keep(blame->wait_charges()), *stacks, comm)};
+}
+
 }  // namespace gilscan

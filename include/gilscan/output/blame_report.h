@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,10 @@ nlohmann::json blame_json(const FileSummary& fs);
 // name, for the root frame ("python3 (1234)").
 std::vector<std::string> folded_lines(const std::map<std::pair<int32_t, uint32_t>, uint64_t>& ns_by_stack,
                                       const BlameStacks& stacks, const std::map<int32_t, std::string>& comm);
+// (blame, waits): the folded lines of the contended holds' stacks and of the
+// GIL waits' stacks, of the processes in `pids` (empty: all); none without blame.
+std::pair<std::vector<std::string>, std::vector<std::string>> folded_stacks(
+    const GilBlame* blame, const BlameStacks* stacks, const FileSummary& summary, const std::unordered_set<int32_t>& pids);
 // The lines into `path`, replaced whole (output_file.h): "-" is stdout.
 void write_folded(const std::string& path, const std::vector<std::string>& lines);
 
