@@ -165,7 +165,7 @@ check_report("stacks_py312_xperf, --time", os.path.join(DATA, "stacks_py312_xper
 
 # A 64-CPU capture of 400 threads: bounded lanes, rows kept, still drawn.
 big = os.path.join(tmp, "big.data")
-subprocess.run([PERFGEN, "--cpus", "64", "--threads", "400", "--processes", "8", "--seconds", "2", "-o", big],
+subprocess.run([PERFGEN, "--cpus", "64", "--threads", "400", "--processes", "8", "--seconds", "1", "-o", big],
                check=True, capture_output=True)
 page, summ, folded = check_report("perfgen 64 CPUs, 400 threads", big, True, False, False)
 text, data = data_of(page)
