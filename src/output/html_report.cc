@@ -19,8 +19,15 @@ namespace gilscan {
 void TimeBins::add(uint64_t start, uint64_t end, double weight) {
     if (end <= start || weight == 0) return;
     if (bins_.empty()) origin_ = start - start % width_;
-    if (start < origin_) start = origin_;  // spans come in time order per source; an early one is cut
-    while ((end - origin_) / width_ >= kMaxBins) grow();
+    // Each thread's spans come in time order, not all threads' together: a
+    // span may begin before the first bin, which then moves back.
+    const uint64_t lo = std::min(start, origin_);
+    while ((end - lo) / width_ >= kMaxBins - 1) grow();
+    if (start < origin_) {
+        const uint64_t o = start - start % width_;
+        bins_.insert(bins_.begin(), static_cast<size_t>((origin_ - o) / width_), 0.0);
+        origin_ = o;
+    }
     const size_t last = static_cast<size_t>((end - 1 - origin_) / width_);
     if (bins_.size() <= last) bins_.resize(last + 1, 0.0);
     for (size_t i = static_cast<size_t>((start - origin_) / width_); i <= last; ++i) {

@@ -20,6 +20,16 @@ TEST_CASE("html report: time bins keep every weight as they widen") {
     CHECK(std::accumulate(b.bins().begin(), b.bins().end(), 0.0) == doctest::Approx(2500 + 2000));
 }
 
+TEST_CASE("html report: time bins take a span that begins before their first bin") {
+    TimeBins b;
+    b.add(50'000'000, 51'000'000, 1.0);  // another thread's later wait came first
+    b.add(10'000, 20'000, 1.0);
+    CHECK(b.origin() <= 10'000);
+    CHECK(b.bins().size() <= TimeBins::kMaxBins);
+    CHECK(std::accumulate(b.bins().begin(), b.bins().end(), 0.0) == doctest::Approx(1'000'000 + 10'000));
+    CHECK(b.bins()[(10'000 - b.origin()) / b.width()] > 0);
+}
+
 TEST_CASE("html report: lanes merge short states once past the bound, and stay in order") {
     ReportCollector rc;
     Span s;
