@@ -456,19 +456,15 @@ void write_trace(Run& r, const FileSummary& summary) {
     r.trace_out->commit();
 }
 
-// 5. Folded stacks of blame (contended hold) and of the waits; with no
-// stacks to fold (add_blame's warning), the files asked for, empty.
-void write_folded_stacks(const Run& r, const FileSummary& summary) {
-    if (r.opt.blame_folded.empty() && r.opt.wait_folded.empty()) return;
+// 5. Folded stacks of blame (contended hold) and of the waits, made once for
+// their files and the HTML report; with no stacks to fold (add_blame's
+// warning), the files asked for are written empty.
+void write_folded_and_report(const Run& r, const FileSummary& summary) {
+    if (r.opt.blame_folded.empty() && r.opt.wait_folded.empty() && !r.report) return;
     auto [blame, waits] = folded_stacks(r.blame.get(), r.blame_stacks.get(), summary, r.opt.pids);
     if (!r.opt.blame_folded.empty()) write_folded(r.opt.blame_folded, blame);
     if (!r.opt.wait_folded.empty()) write_folded(r.opt.wait_folded, waits);
-}
-
-// 5. --html: the report, from the summary, the collector and the folded stacks.
-void write_report(const Run& r, const FileSummary& summary) {
     if (!r.report) return;
-    auto [blame, waits] = folded_stacks(r.blame.get(), r.blame_stacks.get(), summary, r.opt.pids);
     ReportInputs in{summary, *r.report, std::move(waits), std::move(blame),
                     pythons_mapped(r.maps, summary), r.session.features().nr_cpus_online};
     write_html_report(r.opt.html, in);
@@ -488,8 +484,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     read_records(r);           // every record through the stages
     FileSummary summary = summarise(r);  // 5. output: the summary
     write_trace(r, summary);             // 5. output: the trace, committed
-    write_folded_stacks(r, summary);     // 5. output: folded stacks
-    write_report(r, summary);            // 5. output: the HTML report
+    write_folded_and_report(r, summary); // 5. output: folded stacks, the HTML report
     if (!opt.display_name.empty()) summary.file = opt.display_name;
     if (opt.on_complete) opt.on_complete(summary);
     return summary;
