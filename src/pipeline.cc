@@ -8,51 +8,31 @@
 
 #include <algorithm>
 #include <memory>
-#include <optional>
 #include <thread>
 
-#include "gilscan/gil/blame.h"
-#include "gilscan/gil/blame_stacks.h"
-#include "gilscan/gil/gil_probes.h"
-#include "gilscan/gil/gil_stacks.h"
-#include "gilscan/gil/reader_stacks.h"
 #include "gilscan/output/blame_report.h"
-#include "gilscan/output/html_report.h"
-#include "gilscan/output/output_file.h"
-#include "gilscan/output/trace_relay.h"
-#include "gilscan/output/trace_writer.h"
 #include "gilscan/perfdata/perf_abi.h"
-#include "gilscan/perfdata/session.h"
-#include "gilscan/sched/timeline.h"
 #include "gilscan/symbols/debuginfo_cache.h"
-#include "gilscan/symbols/modules.h"
 #include "gilscan/symbols/name_store.h"
-#include "gilscan/symbols/preload.h"
-#include "gilscan/symbols/process_maps.h"
+#include "pipeline_run.h"
 
 namespace gilscan {
 
+namespace pipeline {
+
+// 1. The recording: a file, or (gilscan top) perf's stream as it comes,
+// each of whose reads lets the live view look at the stages.
+std::unique_ptr<Session> Run::open_session() {
+    if (opt.input_fd < 0) return std::make_unique<Session>(opt.input);
+    return std::make_unique<Session>(opt.display_name.empty() ? "perf record's output" : opt.display_name,
+                                     MappedFile::Stream{opt.input_fd, [this] { live_tick(); }});
+}
+
+}  // namespace pipeline
+
 namespace {
 
-// Who unwinds and labels the sleeps' stacks.
-//   OneThread:    -j 1: the stages' thread, as it meets each sleep.
-//   ReaderAhead:  -j 2 (and -j 3 and up without --sleep-stacks): the reader
-//                 thread too, ahead of the stages while they are behind
-//                 (reader_stacks.h), with the binaries preloaded (preload.h).
-//                 Only for recordings that can carry stacks.
-//   Workers:      -j 3 and up with --sleep-stacks: jobs - 2 workers unwind
-//                 and symbolize while the stages' thread decodes. Only then:
-//                 labelling a sleep alone (unwinding to its first CPython
-//                 frame by cached CFI rules) costs less than copying its
-//                 stack to a worker.
-//   StagesOnly:   -j 2 and up where stacks cannot help (--gil-evidence
-//                 probes, or a file whose attrs carry no user stacks).
-enum class StackMode { OneThread, ReaderAhead, Workers, StagesOnly };
-
-struct NullSink final : SpanSink {
-    void span(const Span&) override {}
-    bool wants_spans() const override { return false; }
-};
+using namespace pipeline;
 
 // A CALLCHAIN with user frames: PERF_CONTEXT_USER and an address after it.
 bool has_user_callchain(const Sample& s) {
@@ -60,63 +40,6 @@ bool has_user_callchain(const Sample& s) {
         if (s.callchain[i] == PERF_CONTEXT_USER) return s.callchain[i + 1] < PERF_CONTEXT_MAX;
     return false;
 }
-
-// Everything one analysis holds, in the order it is built (and so torn down
-// in reverse: each part outlives those that point at it).
-struct Run {
-    explicit Run(const AnalysisOptions& o) : opt(o), session(o.input), one_thread(o.jobs <= 1), window(o.window) {
-        if (window.active()) session.set_window(&window);
-    }
-    Run(const Run&) = delete;
-    Run& operator=(const Run&) = delete;
-
-    const AnalysisOptions& opt;
-    Session session;  // 1. perfdata: the file, header, features, formats
-    const bool one_thread;
-    TimeWindow window;  // --time: anchored by the session at the first sample
-    StackMode mode = StackMode::OneThread;
-    bool can_have_stacks = false;  // some event records user stacks (or a pipe's events are not known yet)
-    // --gil-evidence, read at every sleep.
-    const bool only_probes = opt.gil_evidence == "probes", auto_evidence = opt.gil_evidence == "auto";
-    // Sleep stacks or GIL functions asked for: read from the stacks even where the uprobes label.
-    const bool stack_details = opt.sleep_stacks > 0 || opt.gil_functions;
-    SleepLabel details;  // the stack's label, beside the probes' (add_stack_details)
-
-    // 5. output, opened first and committed only when everything worked.
-    std::unique_ptr<OutputFile> trace_out;
-    NullSink null_sink;
-    std::unique_ptr<TraceWriter> trace;
-    std::unique_ptr<TraceRelay> relay;
-    std::unique_ptr<ReportCollector> report;  // --html
-    std::unique_ptr<TeeTraceSink> tee;        // the trace and the report
-    TraceSink* trace_sink = nullptr;
-
-    // 3. symbols.
-    ProcessMaps maps;
-    ModuleOptions mopt;
-    std::unique_ptr<ModuleCache> modules;
-    RecordedKernel kernel;
-
-    // 4. gil, from stacks: whoever labels the sleeps (StackMode).
-    std::shared_ptr<GilStackClassifier::NameCache> names;
-    std::unique_ptr<GilStackClassifier> stacks;
-    std::unique_ptr<ReaderStacks> ahead;
-    std::unique_ptr<ModulePreloader> preloader;
-    std::unique_ptr<ParallelStackClassifier> parallel;
-
-    // 2. sched, and 4. gil from uprobes.
-    std::unique_ptr<Timeline> timeline;
-    std::optional<InOrderTraceSink> in_order;
-    std::unique_ptr<GilTracker> gil;
-    // 4. gil: blame, after the timeline (it reads the sleeps' labels).
-    std::unique_ptr<BlameStacks> blame_stacks;
-    std::unique_ptr<GilBlame> blame;
-
-    // What labelled the sleeps.
-    bool used_probes = false, used_stacks = false;
-    uint64_t fp_chain_sleeps = 0;  // sleeps with a user callchain and no user stack: perf record -g
-    StackStats ahead_stats;        // of the labels the reader made and the stages used
-};
 
 bool has_gil_probes(const Session& session) {
     for (const auto& ev : session.events())
@@ -171,7 +94,8 @@ void open_symbols(Run& r) {
     r.mopt.perf_maps = r.opt.perf_maps;
     // perf writes the recording as the user it records for: that user's
     // perf maps are read, and root's, no one else's.
-    if (struct stat st {}; ::stat(r.opt.input.c_str(), &st) == 0) r.mopt.perf_map_owner = st.st_uid;
+    if (r.opt.perf_map_owner >= 0) r.mopt.perf_map_owner = static_cast<uid_t>(r.opt.perf_map_owner);
+    else if (struct stat st {}; ::stat(r.opt.input.c_str(), &st) == 0) r.mopt.perf_map_owner = st.st_uid;
     for (const auto& b : r.session.features().build_ids) r.mopt.build_ids[b.filename] = to_hex(b.build_id);
     // Frame names kept from earlier runs, in the cache directory (name_store.h).
     if (!r.opt.debuginfo_cache.empty()) r.mopt.name_store = std::make_shared<NameStore>(r.opt.debuginfo_cache);
@@ -297,6 +221,7 @@ void build_timeline(Run& r) {
         r.blame_stacks = std::make_unique<BlameStacks>(*r.modules);
         const bool folded = !r.opt.blame_folded.empty() || !r.opt.wait_folded.empty() || !r.opt.html.empty();
         r.blame_stacks->set_full_stacks(folded);
+        r.blame_stacks->set_live(r.opt.input_fd >= 0);  // gilscan top: the perf maps still grow
         r.blame = std::make_unique<GilBlame>(r.maps, *r.blame_stacks);
         r.blame->set_wait_stacks(!r.opt.wait_folded.empty() || !r.opt.html.empty());
         if (r.window.active()) r.blame->set_window(&r.window);
@@ -322,122 +247,6 @@ void read_records(Run& r) {
     if (r.relay) r.relay->close();  // every event formatted: the writer is this thread's again
     if (r.mopt.name_store) r.mopt.name_store->save();  // the names this run gave libdw's answers for
 }
-
-// The stack classifiers' counts and the binaries they could not use.
-void add_stack_warnings(const Run& r, FileSummary& summary) {
-    StackStats sst = r.parallel ? r.parallel->stats() : r.stacks->stats();
-    sst += r.ahead_stats;
-    summary.stack_stats = sst;
-    for (const auto& p : r.parallel ? r.parallel->problems() : r.modules->problems())
-        summary.warnings.push_back("cannot unwind through " + p);
-    for (const auto& p : r.parallel ? r.parallel->perf_map_problems() : r.modules->perf_maps().problems())
-        summary.warnings.push_back(p);
-    if (sst.stopped_early + sst.failed)
-        summary.warnings.push_back(std::to_string(sst.stopped_early + sst.failed) + " of " +
-                                   std::to_string(sst.sleeps_seen) +
-                                   " sleep stacks could not be unwound to a CPython frame; those sleeps stay \"S\"");
-}
-
-// Which evidence labelled the sleeps ("uprobes", "stacks" or ""), and the
-// threads' S(GIL) figures when there was any.
-std::string add_gil_sleeps(const Run& r, FileSummary& summary) {
-    // Stacks that reached no CPython frame (binaries missing) tell nothing.
-    // Probes, once seen, decide every later sleep ("auto"): they win.
-    std::string evidence_used = r.used_probes ? "uprobes" : r.used_stacks ? "stacks" : "";
-    if (evidence_used == "stacks" && summary.stack_stats.decided == 0) evidence_used.clear();
-    // perf record -g (frame pointers, perf's default call graph): glibc and
-    // CPython before 3.12 are built without them, so a sleep's chain ends
-    // in glibc's wait (then addresses read off the stack as if frame
-    // records), short of take_gil. Nothing to label from: say what would be.
-    if (evidence_used.empty() && r.fp_chain_sleeps)
-        summary.warnings.push_back(
-            std::to_string(r.fp_chain_sleeps) +
-            " sleep(s) carry frame-pointer call chains only (perf record -g): they end in glibc's wait, short of "
-            "take_gil, so no sleep is labelled S(GIL). Record --call-graph dwarf on sched:sched_switch "
-            "(gilscan record --state --stacks), or the GIL uprobes (gilscan record)");
-    if (!evidence_used.empty() && r.timeline->sched_events() > 0) {
-        summary.gil_sleep_known = true;
-        summary.gil_sleep_source = evidence_used;
-        for (auto& t : summary.threads) {
-            t.gil_sleep_ns = t.st.gil_sleep_ns;
-            t.gil_sleep_count = t.st.gil_sleep_count;
-        }
-    }
-    return evidence_used;
-}
-
-// --gil-functions: the table of GIL waits by Python function, or why it is empty.
-void add_gil_functions(const Run& r, const std::string& evidence_used, FileSummary& summary) {
-    summary.gil_functions_known = true;
-    for (auto& f : r.timeline->gil_functions())
-        if (r.opt.pids.empty() || r.opt.pids.count(f.tgid)) summary.gil_functions.push_back(std::move(f));
-    std::stable_sort(summary.gil_functions.begin(), summary.gil_functions.end(),
-                     [](const GilFunctionStats& a, const GilFunctionStats& b) { return a.sleep_ns > b.sleep_ns; });
-    if (!r.can_have_stacks)
-        summary.warnings.push_back("--gil-functions: no event of the recording has user stacks to find functions "
-                                   "in; record sched_switch with --call-graph dwarf (gilscan record --gil-functions), "
-                                   "python3 -X perf (3.12+)");
-    else if (evidence_used.empty())
-        summary.warnings.push_back("--gil-functions: no GIL waits were found; record --call-graph dwarf "
-                                   "(gilscan record --gil-functions), python3 -X perf (3.12+)");
-    else if (!summary.gil_functions.empty() &&
-             std::none_of(summary.gil_functions.begin(), summary.gil_functions.end(),
-                          [](const GilFunctionStats& f) { return !f.function.empty(); }))
-        summary.warnings.push_back(
-            "--gil-functions: no GIL wait's stack reached a Python function named by a perf map or jitdump "
-            "(python3 -X perf, 3.12+, writes /tmp/perf-PID.map, -X perf_jit, 3.13+, /tmp/jit-PID.dump; "
-            "a take_gil return uretprobe, perf probe's %return, ends them at take_gil)");
-}
-
-// GIL blame's rows, and what they could not see, once some thread waited.
-void add_blame(const Run& r, FileSummary& summary) {
-    const bool inferred = r.blame->inferred();
-    if (inferred) {
-        summary.blame_waiting_ns = r.blame->waiting_ns();
-    } else {
-        for (const auto& p : summary.gil_processes) summary.blame_waiting_ns[p.pid] += p.waiting_ns;
-    }
-    uint64_t waiting = 0;
-    for (const auto& [pid, ns] : summary.blame_waiting_ns)
-        if (r.opt.pids.empty() || r.opt.pids.count(pid)) waiting += ns;
-    if (waiting == 0) return;  // no thread waited for a GIL: nothing to blame
-    summary.blame_known = true;
-    summary.blame_inferred = inferred;
-    summary.blame_top = r.opt.blame_top;
-    for (auto& row : blame_rows(r.blame->charges(), *r.blame_stacks, inferred))
-        if (r.opt.pids.empty() || r.opt.pids.count(row.pid)) summary.gil_blame.push_back(std::move(row));
-    if (r.blame->cpu_samples() == 0)
-        summary.warnings.push_back("GIL blame: no CPU samples, so on-CPU holders are not named by function (record "
-                                   "cpu-clock with --call-graph dwarf: gilscan record --blame)");
-    else if (!r.blame_stacks->named_python())
-        summary.warnings.push_back("GIL blame: no stack reached a Python function's name, so native frames alone are "
-                                   "blamed (CPython 3.12+: python3 -X perf, or PYTHONPERFSUPPORT=1; 3.13: -X perf_jit)");
-    if (inferred && r.blame->unattributed_ns())
-        summary.warnings.push_back("GIL blame: " + std::to_string(r.blame->unattributed_ns() / 1000) +
-                                   " us of waiting after the last hand-off seen have no holder inferred");
-}
-
-// 5. The summary: per thread and per GIL, with every warning the run has.
-FileSummary summarise(const Run& r) {
-    FileSummary summary = build_summary(r.session, r.timeline->threads(), r.opt.pids, r.gil.get(), r.timeline->cpu_wide());
-    add_stack_warnings(r, summary);
-    const std::string evidence_used = add_gil_sleeps(r, summary);
-    if (r.opt.gil_functions) add_gil_functions(r, evidence_used, summary);
-    if (r.blame) add_blame(r, summary);
-    else if (r.opt.blame && std::any_of(summary.gil_processes.begin(), summary.gil_processes.end(),
-                                        [](const GilProcessStats& p) { return p.contended_ns > 0; }))
-        summary.warnings.push_back("GIL blame: no event of the recording has user stacks, so holders cannot be named "
-                                   "(record CPU samples and sched_switch with --call-graph dwarf: gilscan record "
-                                   "--blame)");
-    if (r.timeline->decoder().field_errors())
-        summary.warnings.push_back(std::to_string(r.timeline->decoder().field_errors()) +
-                                   " tracepoint sample(s) too short for their format");
-    if (r.timeline->sched_events() == 0 && !r.gil->seen_probes())
-        summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
-                                   "record them to see thread states");
-    return summary;
-}
-
 // 5. The trace's last events (track names, metadata), then the file in place.
 void write_trace(Run& r, const FileSummary& summary) {
     if (!r.trace) return;
@@ -481,6 +290,7 @@ FileSummary analyse_recording(const AnalysisOptions& opt) {
     open_symbols(r);           // 3. symbols
     build_stack_labels(r);     // 4. gil, from stacks
     build_timeline(r);         // 2. sched, and 4. gil from uprobes
+    r.live_ready = true;       // gilscan top may look at the stages from here
     read_records(r);           // every record through the stages
     FileSummary summary = summarise(r);  // 5. output: the summary
     write_trace(r, summary);             // 5. output: the trace, committed

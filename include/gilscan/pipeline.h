@@ -22,13 +22,31 @@
 #include <unordered_set>
 
 #include "gilscan/output/summary.h"
+#include "gilscan/output/top_view.h"
 #include "gilscan/output/trace_writer.h"
 #include "gilscan/perfdata/time_window.h"
 
 namespace gilscan {
 
+// gilscan top: what the analysis of a stream shows while it runs.
+class LiveAnalysis {
+public:
+    virtual ~LiveAnalysis() = default;
+    // Every figure from the recording's start up to `now` (the recording's
+    // clock: CLOCK_MONOTONIC ns for gilscan record's), open states counted
+    // up to it; nothing is closed.
+    virtual LiveFigures figures(uint64_t now) const = 0;
+};
+
 struct AnalysisOptions {
     std::string input;
+    // gilscan top: a pipe-mode stream on this descriptor (taken over), read
+    // as perf writes it, instead of the file `input` (-1). One thread.
+    int input_fd = -1;
+    // With input_fd: called on the analysis's thread between records while
+    // the stream is read: at each read, and every 100 ms while it waits for
+    // perf. The stages are at rest during the call.
+    std::function<void(const LiveAnalysis&)> on_live;
     std::string display_name;   // the name to report (e.g. the .data.zst it came from)
     std::string output;         // trace JSON path, "" = none
     std::string html;           // --html report path, "" = none (html_report.h)
@@ -38,6 +56,9 @@ struct AnalysisOptions {
     std::string gil_evidence = "auto";  // auto | stacks | probes
     std::string symfs;
     std::string perf_maps;      // directory of perf-PID.map files for JIT frames' names ("": none; perf_map.h)
+    // Whose perf maps are read besides root's: -1, the input file's owner
+    // (perf writes a recording as the user it records for).
+    int64_t perf_map_owner = -1;
     unsigned sleep_stacks = 0;
     // GIL waits by Python function (SleepLabel::function): each S(GIL)
     // sleep's stack unwound past take_gil to its first JIT frame, named by

@@ -25,6 +25,7 @@
 #include "gilscan/output/output_file.h"
 #include "gilscan/cli/probe.h"
 #include "gilscan/cli/record.h"
+#include "gilscan/cli/top.h"
 #include "gilscan/output/summary.h"
 #include "gilscan/output/temp_files.h"
 
@@ -58,6 +59,7 @@ struct Options {
 constexpr const char* kAbout =
     R"(Where the GIL costs a Python program, and who holds it while others wait. Also:
   gilscan record [options] -- PROGRAM   record a program with perf, then analyse it
+  gilscan top [options] -p PID          a live view of a running Python (or -- PROGRAM)
   gilscan batch [options] PATH...       many recordings: one summary row per thread
   gilscan probe [options] [PYTHON...]   place the GIL uprobes for a perf record of your own
   gilscan help [COMMAND]                this text, or a command's options)";
@@ -307,10 +309,11 @@ int help_main(int argc, char** argv) {
         return std::fflush(stdout) == 0 ? 0 : 1;
     }
     const std::string cmd = argv[2];
-    if (cmd != "record" && cmd != "batch" && cmd != "probe") usage_error("gilscan", "no command " + cmd);
+    if (cmd != "record" && cmd != "batch" && cmd != "probe" && cmd != "top") usage_error("gilscan", "no command " + cmd);
     char help[] = "--help";
     char* args[] = {argv[0], argv[2], help, nullptr};
     if (cmd == "record") return gilscan::record_main(3, args).status;
+    if (cmd == "top") return gilscan::top_main(3, args);
     return cmd == "batch" ? gilscan::batch_main(3, args) : gilscan::probe_main(3, args);
 }
 
@@ -322,6 +325,7 @@ int main(int argc, char** argv) {
     if (cmd == "help") return help_main(argc, argv);
     if (cmd == "probe") return guarded(cmd, 1, [&] { return gilscan::probe_main(argc, argv); });
     if (cmd == "batch") return guarded(cmd, 2, [&] { return gilscan::batch_main(argc, argv); });
+    if (cmd == "top") return guarded(cmd, 1, [&] { return gilscan::top_main(argc, argv); });
     if (cmd == gilscan::kBatchOneCommand)
         return guarded(cmd, 1, [&] { return gilscan::batch_one_main(argc, argv); });
     if (cmd == "record") {

@@ -390,6 +390,32 @@ int exit_status(int wait_status) {
 
 }  // namespace
 
+RunOutcome record_live(const LiveRecordRequest& req) {
+    RecordRequest q;
+    q.target = req.target;
+    q.python = req.python;
+    q.blame = req.blame;
+    q.gil = true;
+    q.thread_names = req.thread_names;
+    q.r.data_file = "-";
+    q.r.quiet = true;
+    choose_events(q);
+    const std::string tracefs = tracefs_or_fail();
+    RunOutcome run;
+    try {
+        run = run_perf(q, prepare(q, tracefs));
+    } catch (...) {
+        if (!q.own_group.empty()) remove_probes(q.own_group, tracefs);
+        throw;
+    }
+    if (!q.own_group.empty()) remove_probes(q.own_group, tracefs);
+    if (!run.perf_started && !run.program_not_run) {
+        if (run.interrupted) fail("interrupted before perf record had started");
+        fail("perf record did not start (exit status " + std::to_string(exit_status(run.perf_status)) + ")");
+    }
+    return run;
+}
+
 RecordResult record_main(int argc, char** argv) {
     std::optional<RecordRequest> parsed = parse_record_args(argc, argv);
     if (!parsed) return {};  // --help

@@ -173,7 +173,7 @@ void release(pid_t program, Hold hold, Pipe& go) {
 
 // perf record in a process group of its own, its control channel on ctl
 // (commands in) and ack (answers out), stdin /dev/null.
-pid_t start_perf(std::vector<std::string> args, Pipe& ctl, Pipe& ack, int stderr_fd) {
+pid_t start_perf(std::vector<std::string> args, Pipe& ctl, Pipe& ack, int stderr_fd, int stdout_fd) {
     args.push_back("--control");
     args.push_back("fd:" + std::to_string(ctl.fd[0]) + "," + std::to_string(ack.fd[1]));
     std::vector<char*> argv = argv_of(args);
@@ -188,6 +188,7 @@ pid_t start_perf(std::vector<std::string> args, Pipe& ctl, Pipe& ack, int stderr
     if (!child_setup(parent, stderr_fd)) ::_exit(127);
     const int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, STDIN_FILENO);
+    if (stdout_fd >= 0 && ::dup2(stdout_fd, STDOUT_FILENO) < 0) ::_exit(127);
     if (::fcntl(ctl.fd[0], F_SETFD, 0) != 0 || ::fcntl(ack.fd[1], F_SETFD, 0) != 0) ::_exit(127);
     ::execvp("perf", argv.data());
     write_all(STDERR_FILENO, "gilscan: error: cannot run perf: ");
@@ -229,20 +230,35 @@ bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, 
 // Until perf and the program (if any) have exited: perf is told to stop
 // (SIGINT: it writes what it has) once the program has exited, or, with no
 // program, on a signal or at --duration.
+// A ping to perf (live: each tick), and its answers read and dropped so
+// that its channel never fills.
+void ping_perf(Pipe& ctl, Pipe& ack) {
+    write_all(ctl.fd[1], "ping\n");
+    char buf[256];
+    for (pollfd p{ack.fd[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);)
+        if (::read(ack.fd[0], buf, sizeof buf) <= 0) break;
+}
+
 void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool perf_done, bool stop_sent,
-                  StderrRelay* relay, bool& relay_open, RunOutcome& out) {
+                  StderrRelay* relay, bool& relay_open, Pipe& ctl, Pipe& ack, RunOutcome& out) {
     const bool has_program = program > 0;
-    bool program_done = !has_program;
+    bool program_done = !has_program, program_interrupted = false;
     const auto start = std::chrono::steady_clock::now();
     while (!(perf_done && program_done)) {
         tick(relay, relay_open);
+        if (target.live && !perf_done && !stop_sent) ping_perf(ctl, ack);
         if (!program_done && reaped(program, out.program_status)) {
             program_done = true;
             g_program = 0;
         }
         if (!perf_done && reaped(perf, out.perf_status)) perf_done = true;
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        const bool timed_out = target.duration > 0 && elapsed >= target.duration;
+        const bool timed_out = (target.duration > 0 && elapsed >= target.duration) || (target.stop && *target.stop);
+        // A program stopped early ends as after a Ctrl-C: perf stops when it has.
+        if (has_program && timed_out && !program_done && !program_interrupted) {
+            ::kill(program, SIGINT);
+            program_interrupted = true;
+        }
         const bool stop = has_program ? program_done : (g_stop || timed_out);
         if (stop && !perf_done && !stop_sent) {
             out.interrupted = !has_program && g_stop && !timed_out;
@@ -283,7 +299,11 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
     std::vector<std::string> args = perf_args;
     if (target.system_wide) args.push_back("-a");
     else args.insert(args.end(), {"-p", std::to_string(has_program ? program : target.pid)});
-    const pid_t perf = start_perf(args, ctl, ack, child_stderr);
+    const pid_t perf = start_perf(args, ctl, ack, child_stderr, target.perf_stdout ? *target.perf_stdout : -1);
+    if (target.perf_stdout && *target.perf_stdout >= 0) {
+        ::close(*target.perf_stdout);  // perf's now: its end is the reader's end of input
+        *target.perf_stdout = -1;
+    }
     ctl.close_end(0);
     ack.close_end(1);
     if (relay) relay->close_writer();
@@ -308,7 +328,7 @@ RunOutcome run_recording(const std::vector<std::string>& perf_args, const Record
         std::fflush(stderr);
     }
     if (!out.perf_started && !perf_done) ::kill(perf, SIGINT);
-    wait_for_end(target, perf, program, perf_done, !out.perf_started, relay.get(), relay_open, out);
+    wait_for_end(target, perf, program, perf_done, !out.perf_started, relay.get(), relay_open, ctl, ack, out);
     if (relay) relay->finish();
     return out;
 }

@@ -1,5 +1,6 @@
 #include "gilscan/gil/blame_stacks.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -75,24 +76,34 @@ std::string function_of(std::string_view text, std::string_view module) {
 }
 }  // namespace
 
+// A JIT frame's name from its process's perf map or jitdump; live, read
+// again where the map has grown since.
+void BlameStacks::name_jit(const AddressSpace& as, const Frame& f, FrameName& n) {
+    auto& map = jit_maps_[as.pid];
+    if (!map || (live_ && !map->find(f.pc) && modules_.perf_maps().forget_if_grown(as.pid)))
+        map = modules_.perf_maps().of(as);
+    n.names.clear();
+    if (const PerfMapSymbol* sym = map->find(f.pc)) n.names.push_back(sym->name);
+    else n.names.push_back("[JIT code]");
+    n.jit_unnamed = n.names.back() == "[JIT code]";
+}
+
 const BlameStacks::FrameName& BlameStacks::name(const AddressSpace& as, const Frame& f) {
     const bool jit = in_jit_code(f);
     auto& cache = jit ? jit_names_[static_cast<uint64_t>(as.pid)] : names_[layout_of(as)];
     auto it = cache.find(f.pc);
-    if (it != cache.end()) return it->second;
+    if (it != cache.end() && !(live_ && it->second.jit_unnamed)) return it->second;
     FrameName n;
     n.module = f.mapping ? std::filesystem::path(f.mapping->path).filename().string() : std::string("?");
     if (jit) {
-        auto& map = jit_maps_[as.pid];
-        if (!map) map = modules_.perf_maps().of(as);
-        if (const PerfMapSymbol* sym = map->find(f.pc)) n.names.push_back(sym->name);
-        else n.names.push_back("[JIT code]");
+        name_jit(as, f, n);
     } else {
         for (const std::string& text : unwinder_.describe(f)) n.names.push_back(function_of(text, n.module));
     }
     n.jit_python = !n.names.empty() && starts(n.names.back(), "py::");
     // libffi's call glue is often stripped (its frames unnamed): its file says it.
     n.glue = is_interpreter_frame(n.names.back()) || starts(n.module, "libffi.") || starts(n.module, "_ctypes.");
+    if (it != cache.end()) return it->second = std::move(n);
     return cache.emplace(f.pc, std::move(n)).first->second;
 }
 
@@ -123,6 +134,8 @@ uint32_t BlameStacks::resolve(const AddressSpace& as, const Sample& s, bool on_c
     for (const Frame& f : frames_) pc_key_.append(reinterpret_cast<const char*>(&f.pc), sizeof f.pc);
     if (auto it = by_pcs_.find(pc_key_); it != by_pcs_.end()) return it->second;
     const uint32_t id = name_stack(as);
+    if (live_ && std::any_of(frames_.begin(), frames_.end(), [&](const Frame& f) { return name(as, f).jit_unnamed; }))
+        return id;  // named again next time: its map may name that frame by then
     by_pcs_.emplace(pc_key_, id);
     return id;
 }

@@ -263,6 +263,34 @@ std::vector<GilThreadStats> GilTracker::threads() const {
     return out;
 }
 
+std::vector<GilThreadStats> GilTracker::live_threads(uint64_t now) const {
+    std::vector<GilThreadStats> out;
+    out.reserve(all_.size());
+    for (const auto& th : all_) {
+        GilThreadStats& st = out.emplace_back(th.st);
+        if (now <= th.since) continue;
+        if (th.state == GilState::Waiting) st.wait_ns += now - th.since;
+        else if (th.state == GilState::Holding) st.hold_ns += now - th.since;
+    }
+    return out;
+}
+
+std::vector<GilTracker::LiveGil> GilTracker::live_gils(uint64_t now) const {
+    std::vector<LiveGil> out;
+    for (const auto& p : procs_) {
+        LiveGil& g = out.emplace_back();
+        g.st = p.st;
+        g.holder = p.holders ? p.holder : -1;
+        g.waiters = p.waiters;
+        if (now <= p.changed) continue;
+        const uint64_t d = now - p.changed;
+        if (p.holders > 0) g.st.held_ns += d;
+        if (p.holders > 0 && p.waiters > 0) g.st.contended_ns += d;
+        if (p.waiters > 0) g.st.waiting_ns += d;
+    }
+    return out;
+}
+
 std::vector<GilProcessStats> GilTracker::processes() const {
     std::vector<GilProcessStats> out;
     for (const auto& p : procs_) out.push_back(p.st);

@@ -67,7 +67,7 @@ void Session::consume(const HandedBatch& batch, EventSink& sink, const ChunkTabl
 void Session::run(EventSink& sink) {
     const uint64_t begin = header_.pipe ? PERF_PIPE_HEADER_SIZE : header_.data.offset;
     const uint64_t end = header_.pipe ? file_.size() : header_.data.offset + header_.data.size;
-    const bool threaded = threaded_.value_or(end - begin >= kThreadedFrom);
+    const bool threaded = threaded_.value_or(!file_.streaming() && end - begin >= kThreadedFrom);
     // The reader stage, idle work and MMAP hook only beside the stages:
     // inline, nothing is ahead.
     SessionReader::Options opt;
@@ -76,6 +76,7 @@ void Session::run(EventSink& sink) {
     opt.idle_work = threaded && reader_idle_ ? &reader_idle_ : nullptr;
     opt.mmap_seen = threaded && mmap_seen_ ? &mmap_seen_ : nullptr;
     opt.inline_sink = &sink;
+    opt.live = file_.streaming();
     auto rd = std::make_unique<SessionReader>(*this, begin, end, chunk_size_, opt);
     // Up to 64 batches in flight, bounded in bytes too (kInFlightBytes). A
     // round released at FINISHED_ROUND is pumped into it while the next

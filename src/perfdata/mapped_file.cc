@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,20 +88,34 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     }
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     data_ = static_cast<const uint8_t*>(p);
+    mapped_ = size_;
     fd_ = fd;
 }
 
+MappedFile::MappedFile(const std::string& name, Stream stream)
+    : path_(name), size_(kStreamSize), fd_(stream.fd), stream_(true), waiting_(std::move(stream.waiting)) {
+    // The pipe header (magic, size 16); a file-mode header here is refused
+    // by read_file_header, which finds no 104 bytes.
+    head_.resize(16);
+    const size_t got = read_stream(0, head_.data(), head_.size(), head_.size());
+    if (got == 0) throw Error(path_, Error::no_offset, "the stream ended before any data (perf record wrote nothing)");
+    head_.resize(got);
+    data_ = head_.data();
+    mapped_ = head_.size();
+}
+
 MappedFile::MappedFile(const std::string& name, Bytes memory)
-    : path_(name), data_(memory.data()), size_(memory.size()), owned_(false) {
+    : path_(name), data_(memory.data()), size_(memory.size()), mapped_(memory.size()), owned_(false) {
     if (size_ == 0) throw Error(name, Error::no_offset, "empty file, not a perf.data recording");
 }
 
 MappedFile::~MappedFile() {
-    if (data_ && owned_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ && owned_ && !stream_) ::munmap(const_cast<uint8_t*>(data_), size_);
     if (fd_ >= 0) ::close(fd_);
 }
 
-size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n) const {
+size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n, size_t need) const {
+    if (stream_) return read_stream(offset, dst, n, std::min(need, n));
     if (offset >= size_) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
     if (n == 0) return 0;  // dst may be an empty buffer's null pointer: no memcpy with it
@@ -117,6 +132,38 @@ size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n) const {
         done += static_cast<size_t>(r);
     }
     return done;
+}
+
+// Front to back: bytes before `offset` that were never asked for are read
+// and dropped (a payload the reader skips); going back is a caller's bug.
+size_t MappedFile::read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t need) const {
+    if (offset < stream_pos_)
+        throw Error(path_, offset, "a stream cannot be read again behind byte " + std::to_string(stream_pos_));
+    if (waiting_) waiting_();
+    uint8_t sink[4096];
+    size_t done = 0;
+    for (;;) {
+        const bool skipping = stream_pos_ < offset;
+        // Enough: take what has already arrived without waiting for more.
+        const bool enough = !skipping && done >= need;
+        if (!skipping && done == n) return done;
+        pollfd p{fd_, POLLIN, 0};
+        const int ready = ::poll(&p, 1, enough ? 0 : 100);
+        if (ready < 0 && errno != EINTR) throw Error(path_, stream_pos_, std::string("poll: ") + std::strerror(errno));
+        if (ready <= 0) {
+            if (enough) return done;
+            if (waiting_) waiting_();
+            continue;
+        }
+        uint8_t* to = skipping ? sink : dst + done;
+        const size_t want = skipping ? static_cast<size_t>(std::min<uint64_t>(sizeof sink, offset - stream_pos_)) : n - done;
+        const ssize_t r = ::read(fd_, to, want);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) throw Error(path_, stream_pos_, std::string("read: ") + std::strerror(errno));
+        if (r == 0) return done;  // the writer closed it: the end
+        stream_pos_ += static_cast<uint64_t>(r);
+        if (!skipping) done += static_cast<size_t>(r);
+    }
 }
 
 }  // namespace gilscan

@@ -59,6 +59,7 @@ void SessionReader::read_records() {
                 q.finished_round(h);
                 if (!opt_.threaded) q.drain(h);
             });
+            if (opt_.live) send();
             continue;
         }
         // The round before this one is ready: rather than handing it over

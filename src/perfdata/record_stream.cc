@@ -111,6 +111,20 @@ bool RecordStream::next_checked(RawRecord& r) {
 
 bool RecordStream::ensure(uint64_t n) {
     if (pos_ + n <= cend_) return true;
+    // A stream arrives a little at a time: each read fills on in the
+    // chunk's room (its bytes never move, so queued records stay valid),
+    // rather than take a chunk of its own.
+    if (file_.streaming() && fchunk_ != kNoChunk && pos_ <= cend_ && pos_ + n - cbase_ <= chunks_.bytes(fchunk_).capacity()) {
+        ChunkBytes& buf = chunks_.bytes(fchunk_);
+        const size_t have = buf.size();
+        const size_t room = buf.capacity() - have;
+        buf.resize(buf.capacity());
+        const size_t got = file_.read(cend_, buf.data() + have, room, static_cast<size_t>(pos_ + n - cend_));
+        buf.resize(have + got);
+        cend_ += got;
+        if (pos_ + n > cend_) end_ = cend_;  // the stream ended
+        return pos_ + n <= cend_;
+    }
     // Start a new chunk with the unfinished tail of the current one. The old
     // chunk lives on while queued records still point into it.
     // After a payload skipped past header.size, pos_ may be beyond the chunk.
@@ -123,13 +137,15 @@ bool RecordStream::ensure(uint64_t n) {
     buf.resize(cap);
     if (carried) std::memcpy(buf.data(), chunks_.data(fchunk_) + (pos_ - cbase_), static_cast<size_t>(carried));
     const size_t want = static_cast<size_t>(std::min<uint64_t>(cap - carried, end_ - from));
-    size_t got = file_.read(from, buf.data() + carried, want);
+    // A stream's read returns once the record is whole: what follows may not be written yet.
+    const size_t need = file_.streaming() ? static_cast<size_t>(n - carried) : want;
+    size_t got = file_.read(from, buf.data() + carried, want, need);
     buf.resize(static_cast<size_t>(carried) + got);
     if (fchunk_ != kNoChunk) chunks_.release(fchunk_);
     fchunk_ = id;
     cbase_ = pos_;
     cend_ = pos_ + carried + got;
-    if (got < want) end_ = cend_;  // the file shrank while we read it
+    if (got < need) end_ = cend_;  // the file shrank while we read it, or the stream ended
     return pos_ + n <= cend_;
 }
 
@@ -137,6 +153,7 @@ bool RecordStream::next_from_file(RawRecord& r) {
     if (pos_ >= end_) return false;
     const uint64_t at = pos_;
     if (end_ - at < PERF_EVENT_HEADER_SIZE || !ensure(PERF_EVENT_HEADER_SIZE)) {
+        if (file_.streaming() && end_ == at) return false;  // the stream ended between records
         stop(at, "file ends inside a record header");
         return false;
     }
@@ -166,7 +183,12 @@ bool RecordStream::next_from_file(RawRecord& r) {
             return false;
         }
         extra_.resize(static_cast<size_t>(extra));
-        if (file_.read(next, extra_.data(), extra_.size()) != extra_.size()) {
+        // What the chunk holds already is copied; the rest read after it
+        // (a stream is read only forward).
+        const size_t held = next < cend_ ? static_cast<size_t>(std::min<uint64_t>(cend_ - next, extra)) : 0;
+        if (held) std::memcpy(extra_.data(), chunks_.data(fchunk_) + (next - cbase_), held);
+        if (held < extra_.size() &&
+            file_.read(next + held, extra_.data() + held, extra_.size() - held) != extra_.size() - held) {
             stop(at, "file ends inside the tracing data");
             return false;
         }

@@ -14,6 +14,11 @@ Session::Session(const std::string& path) : file_(path) { open(); }
 
 Session::Session(const std::string& name, Bytes memory) : file_(name, memory), tracefs_fallback_(false) { open(); }
 
+Session::Session(const std::string& name, MappedFile::Stream stream) : file_(name, std::move(stream)) {
+    open();
+    if (!header_.pipe) throw Error(name, 0, "not a pipe-mode recording (perf record -o -)");
+}
+
 void Session::open() {
     const std::string& path = file_.path();
     header_ = read_file_header(file_.bytes(), path);

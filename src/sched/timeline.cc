@@ -430,6 +430,31 @@ void Timeline::finish(uint64_t end) {
     drain(true);
 }
 
+std::vector<Timeline::LiveThread> Timeline::live(uint64_t now) const {
+    std::vector<LiveThread> out;
+    out.reserve(all_.size());
+    for (const auto& th : all_) {
+        LiveThread& l = out.emplace_back();
+        l.st = th.st;
+        l.alive = !th.dead && !th.st.exited && !th.st.replaced_by_exec;
+        if (!l.alive || !th.known || now <= th.since) continue;
+        const uint64_t d = now - th.since;
+        switch (th.state) {
+        case SpanKind::Running: l.st.running_ns += d; break;
+        case SpanKind::Runnable: l.st.runnable_ns += d; break;
+        case SpanKind::Sleep:
+            l.st.sleep_ns += d;
+            if (th.label.gil) l.st.gil_sleep_ns += d;
+            break;
+        case SpanKind::DiskSleep: l.st.disk_ns += d; break;
+        case SpanKind::Other: l.st.other_ns += d; break;
+        case SpanKind::Unknown: break;
+        }
+        l.st.last_seen = std::max(l.st.last_seen, now);
+    }
+    return out;
+}
+
 std::vector<const ThreadStats*> Timeline::threads() const {
     std::vector<const ThreadStats*> out;
     out.reserve(all_.size());

@@ -166,6 +166,30 @@ std::shared_ptr<const PerfMap> PerfMaps::of(const AddressSpace& as) {
     return lookup(as.pid, marker, jit_starts);
 }
 
+namespace {
+uint64_t file_size(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+}  // namespace
+
+bool PerfMaps::forget_if_grown(int32_t pid) {
+    if (dir_.empty() || pid <= 0) return false;
+    const std::string p = std::to_string(pid);
+    std::lock_guard<std::mutex> l(mu_);
+    Seen& s = seen_[pid];
+    const auto now = std::chrono::steady_clock::now();
+    if (now - s.looked < std::chrono::milliseconds(200)) return false;
+    s.looked = now;
+    const uint64_t map = file_size(dir_ + "/perf-" + p + ".map"), dump = file_size(dir_ + "/jit-" + p + ".dump");
+    if (map == s.map_size && dump == s.dump_size) return false;
+    s.map_size = map;
+    s.dump_size = dump;
+    by_pid_.erase(pid);
+    missing_.erase(pid);
+    return true;
+}
+
 std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view marker,
                                                 const std::vector<uint64_t>& jit_starts) {
     std::lock_guard<std::mutex> l(mu_);

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "gilscan/cli/record_run.h"
+
 namespace gilscan {
 
 struct RecordResult {
@@ -31,6 +33,19 @@ struct RecordResult {
 
 // Throws gilscan::Error with a user-facing sentence for the problems users hit.
 RecordResult record_main(int argc, char** argv);
+
+// gilscan top's recording: what `record --gil` records (and `--blame`'s
+// CPU samples and stacks with blame) of the target, which names -p PID or
+// a command; perf writes its pipe-mode stream to *target.perf_stdout.
+// The probes are placed for the run and removed after it; perf's own lines
+// are left out (record -q). Throws gilscan::Error as record_main does.
+struct LiveRecordRequest {
+    RecordTarget target;
+    std::string python;  // --python PATH ("" = the command's, or the attached process's)
+    bool blame = true;
+    bool thread_names = true;
+};
+RunOutcome record_live(const LiveRecordRequest& req);
 
 // The perf command line record_main runs (exposed for tests).
 // (the target, -p PID or -a, is added by run_recording: record_run.h).

@@ -20,6 +20,7 @@
 // and the program get SIGTERM (PR_SET_PDEATHSIG).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,7 +31,17 @@ struct RecordTarget {
     std::vector<std::string> command;  // the program gilscan starts (empty: attach or -a alone)
     int32_t pid = 0;                   // -p: the running process to attach to
     bool system_wide = false;          // -a
-    double duration = 0;               // --duration: seconds, then stop (no program only; 0 = none)
+    double duration = 0;               // --duration: seconds, then stop (0 = none; a program then gets SIGINT)
+    // perf's stdout (gilscan top: a pipe it reads perf -o - from), or -1:
+    // gilscan's. Taken over: closed in gilscan once perf has it, set to -1.
+    int* perf_stdout = nullptr;
+    // Asked from gilscan itself (gilscan top's q): set, it stops the run as
+    // --duration does. Read at each tick.
+    const std::atomic<bool>* stop = nullptr;
+    // gilscan top: perf is asked (a ping on its control channel) every tick
+    // to write out what its buffers hold, so the stream keeps up with the
+    // program within a tick or two whatever the event rate.
+    bool live = false;
 };
 
 struct RunOutcome {

@@ -76,6 +76,10 @@ public:
     // each walk ends at the innermost Python function and native culprit,
     // and a stack's frames are those up to there.
     void set_full_stacks(bool on) { full_ = on; }
+    // gilscan top: the processes are running, and their perf maps grow. A
+    // JIT frame its map does not name yet is looked up again (once the map
+    // has grown), and a stack with such a frame is not kept by its pcs.
+    void set_live(bool on) { live_ = on; }
     // The stack of a sample with REGS_USER and STACK_USER, or kNoStack /
     // kSampleNoStack (on_cpu) when it has none or not one frame unwound.
     uint32_t resolve(const AddressSpace& as, const Sample& s, bool on_cpu);
@@ -91,7 +95,9 @@ private:
         std::string module;
         bool jit_python = false;
         bool glue = false;  // the interpreter's machinery (is_interpreter_frame, or libffi's / _ctypes's file)
+        bool jit_unnamed = false;  // JIT code its process's map did not name (yet)
     };
+    void name_jit(const AddressSpace& as, const Frame& f, FrameName& n);
     const FrameName& name(const AddressSpace& as, const Frame& f);
     uint32_t name_stack(const AddressSpace& as);  // frames_ named and interned
     bool has_jit_code(const AddressSpace& as);    // maps code a perf map or jitdump may name
@@ -108,6 +114,7 @@ private:
     std::vector<Frame> frames_;
     std::unordered_map<uint64_t, std::pair<uint64_t, bool>> jit_spaces_;  // space id -> (version, has_jit_code)
     bool full_ = false;
+    bool live_ = false;
     bool named_python_ = false;
     uint64_t unwound_ = 0;
 };

@@ -122,6 +122,16 @@ public:
     const GilThreadStats* thread(int32_t tid) const;
     std::vector<GilThreadStats> threads() const;
     std::vector<GilProcessStats> processes() const;  // one entry per GIL, by pid and index
+    // gilscan top: the figures with open waits and holds counted up to
+    // `now`, as finish(now) would, with nothing closed; each GIL with its
+    // holder (-1: none) and waiters at `now`.
+    struct LiveGil {
+        GilProcessStats st;
+        int32_t holder = -1;
+        uint32_t waiters = 0;
+    };
+    std::vector<GilThreadStats> live_threads(uint64_t now) const;
+    std::vector<LiveGil> live_gils(uint64_t now) const;
     const GilAnomalies& anomalies() const { return anomalies_; }
 
 private:

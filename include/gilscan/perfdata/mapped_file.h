@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <sys/types.h>
 
@@ -36,24 +38,47 @@ public:
     explicit MappedFile(const std::string& path);
     // Bytes already in memory (fuzzing, tests); not owned, never unmapped.
     MappedFile(const std::string& name, Bytes memory);
+    // A pipe-mode stream as it is written (gilscan top: perf record -o -
+    // into a pipe): fd is read once, front to back, and closed here. Only
+    // its 16-byte header is in bytes(); size() is kStreamSize (its end
+    // is where its writer closes it). read() waits for what it needs, calling `waiting`
+    // (if set) at least every 100 ms while it waits, and at each read.
+    struct Stream {
+        int fd = -1;
+        std::function<void()> waiting;
+    };
+    MappedFile(const std::string& name, Stream stream);
+    static constexpr uint64_t kStreamSize = uint64_t{1} << 62;
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
 
-    Bytes bytes() const { return {data_, size_}; }
+    Bytes bytes() const { return {data_, mapped_}; }
     uint64_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
     // Copies up to n bytes at `offset` into dst; returns how many (fewer
     // only at the end of the file). Throws gilscan::Error on an I/O error.
-    size_t read(uint64_t offset, uint8_t* dst, size_t n) const;
+    // A stream returns once it has at least `need` of them (fewer only at
+    // its end), with as many more as have arrived; its offsets only go
+    // forward (bytes skipped are read and dropped).
+    size_t read(uint64_t offset, uint8_t* dst, size_t n, size_t need) const;
+    size_t read(uint64_t offset, uint8_t* dst, size_t n) const { return read(offset, dst, n, n); }
+    bool streaming() const { return stream_; }
 
 private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     uint64_t size_ = 0;
+    uint64_t mapped_ = 0;  // bytes at data_ (size_, but a stream's header only)
     bool owned_ = true;
     int fd_ = -1;
+    // A stream's: its header's bytes, where its reads have got to, the caller's wait.
+    bool stream_ = false;
+    std::vector<uint8_t> head_;
+    mutable uint64_t stream_pos_ = 0;
+    std::function<void()> waiting_;
+    size_t read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t need) const;
 };
 
 }  // namespace gilscan

@@ -112,6 +112,7 @@ public:
         const std::function<bool()>* idle_work = nullptr;           // done rather than wait for the stages
         const std::function<bool(const MmapEvent&)>* mmap_seen = nullptr;  // each MMAP as it is read
         EventSink* inline_sink = nullptr;                           // !threaded: where batches go at once
+        bool live = false;  // a stream: each round goes to the stages at its end, not when a batch is full
     };
     SessionReader(Session& s, uint64_t begin, uint64_t end, size_t chunk_size, Options opt);
 

@@ -118,6 +118,9 @@ public:
     explicit Session(const std::string& path);
     // Bytes in memory (fuzzing): never falls back to this machine's tracefs.
     Session(const std::string& name, Bytes memory);
+    // A pipe-mode stream as perf writes it (gilscan top): read inline,
+    // each round handed to the sink as soon as it is ordered.
+    Session(const std::string& name, MappedFile::Stream stream);
     ~Session();
 
     void run(EventSink& sink);

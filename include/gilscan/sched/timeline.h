@@ -227,6 +227,15 @@ public:
     // Cut every open span at `end` (the recording's last timestamp).
     void finish(uint64_t end);
 
+    // gilscan top: each thread's figures with its open state counted up to
+    // `now`, as finish(now) would, with nothing closed; in first-seen order.
+    struct LiveThread {
+        ThreadStats st;
+        bool alive = false;  // neither exited nor replaced
+    };
+    std::vector<LiveThread> live(uint64_t now) const;
+    // The latest time of a scheduler event or GIL probe seen so far.
+    uint64_t latest() const { return last_time_; }
     // Threads in first-seen order (a tid reused after exit gets a new entry).
     // Pointers into the timeline (valid while it lives): a capture with
     // hundreds of thousands of threads is not copied for the summary.

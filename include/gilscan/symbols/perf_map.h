@@ -39,6 +39,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,6 +115,11 @@ public:
     //   then the mapped path itself. (A forked child keeps its parent's
     //   mapping beside its own: the first by address is read.)
     std::shared_ptr<const PerfMap> of(const AddressSpace& as);
+    // gilscan top: a process still running writes to its map (or jitdump)
+    // as it meets new functions. Forgets the pid's map when its file in the
+    // directory has grown since it was read (looked at most every 200 ms
+    // per pid), so that the next of() reads it again; true then.
+    bool forget_if_grown(int32_t pid);
     // The same for a pid alone: the directory's two files only.
     std::shared_ptr<const PerfMap> of_pid(int32_t pid) { return lookup(pid, {}, {}); }
     // One line per map that was wanted and unreadable or had skipped
@@ -139,6 +145,11 @@ private:
     uid_t owner_;
     mutable std::mutex mu_;
     std::unordered_map<int32_t, std::shared_ptr<const PerfMap>> by_pid_;
+    struct Seen {  // forget_if_grown: the files' sizes when read, and when last looked at
+        uint64_t map_size = 0, dump_size = 0;
+        std::chrono::steady_clock::time_point looked{};
+    };
+    std::unordered_map<int32_t, Seen> seen_;
     std::vector<std::string> problems_;
     std::map<int32_t, std::string> missing_;  // pid -> its line
 };
