@@ -227,6 +227,9 @@ int top_main(int argc, char** argv) {
     if (!q.summary_json.empty()) summary_out.emplace(q.summary_json);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw Error("gilscan top", Error::no_offset, "pipe failed");
+    // A wider pipe absorbs the analysis's start (the first stacks load
+    // the binaries' unwinding tables) without stalling perf into losing events.
+    ::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
     int perf_out = fds[1];
     std::atomic<bool> stop{false};
     q.rec.target.perf_stdout = &perf_out;

@@ -15,8 +15,15 @@ Session::Session(const std::string& path) : file_(path) { open(); }
 Session::Session(const std::string& name, Bytes memory) : file_(name, memory), tracefs_fallback_(false) { open(); }
 
 Session::Session(const std::string& name, MappedFile::Stream stream) : file_(name, std::move(stream)) {
+    // Only the 16-byte pipe header is held: a file's header (size 104)
+    // would read as cut short, where it is the wrong kind of recording.
+    const Bytes b = file_.bytes();
+    const bool perf = b.size() >= 8 && (load<uint64_t>(b.data(), false) == PERF_MAGIC2 ||
+                                        load<uint64_t>(b.data(), false) == PERF_MAGIC2_SWAPPED);
+    const bool pipe = b.size() >= 16 && (load<uint64_t>(b.data() + 8, false) == PERF_PIPE_HEADER_SIZE ||
+                                         load<uint64_t>(b.data() + 8, true) == PERF_PIPE_HEADER_SIZE);
+    if (perf && !pipe) throw Error(name, 8, "not a pipe-mode recording (perf record -o -)");
     open();
-    if (!header_.pipe) throw Error(name, 0, "not a pipe-mode recording (perf record -o -)");
 }
 
 void Session::open() {

@@ -30,7 +30,8 @@ addresses a process has one GIL. Held = some thread holds it, contended =
 held while another waits, waiting = some thread waits; the span is its
 first to last probe event, and what is open at the end runs to the last
 timestamp.
---time START,STOP (seconds from the first sample, either may be empty):
+--time START,STOP (seconds from the first sample, either may be empty; or
+@LO,HI, times on the recording's clock in ns):
 every interval above is cut to [first + START, first + STOP); a sleep, D
 wait or event outside it is not counted (an instant sleep counts where it
 is); a GIL's span is cut to it, and its most waiters are those of changes
@@ -81,6 +82,9 @@ def window(text, arg):
     """[lo, hi) in ns for --time START,STOP, from the first sample line of text."""
     if arg is None:
         return 0, float("inf")
+    if arg.startswith("@"):  # @LO,HI: on the recording's clock, in ns
+        lo, hi = arg[1:].split(",")
+        return int(lo), int(hi)
     first = None
     for line in text.splitlines():
         m = LINE.match(line)

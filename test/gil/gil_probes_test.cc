@@ -265,3 +265,38 @@ TEST_CASE("the GIL holder track's id: above every real tid, and defined for any 
     CHECK(gil_track_tid(0x6c5f7275) == static_cast<int32_t>(0xac5f7275u));
     CHECK(gil_track_tid(-1) == 0x3fffffff);
 }
+
+TEST_CASE("live figures (gilscan top): open waits and holds counted up to the moment, nothing closed") {
+    GilRecording g;
+    g.ev(g.take, 100, 11);
+    g.ev(g.take_ret, 110, 11);  // 11 holds from 110
+    g.ev(g.take, 120, 12);      // 12 waits from 120
+    TempFile f(g.r.w.build());
+    Session s(f.path);
+    GilTracker gil(nullptr);
+    s.run(gil);
+    for (int twice = 0; twice < 2; ++twice) {  // asking closes nothing
+        std::map<int32_t, GilThreadStats> th;
+        for (const auto& t : gil.live_threads(150)) th[t.tid] = t;
+        CHECK(th[11].wait_ns == 10);
+        CHECK(th[11].hold_ns == 40);
+        CHECK(th[12].wait_ns == 30);
+        CHECK(th[12].hold_ns == 0);
+        const auto gils = gil.live_gils(150);
+        REQUIRE(gils.size() == 1);
+        CHECK(gils[0].st.held_ns == 40);
+        CHECK(gils[0].st.contended_ns == 30);
+        CHECK(gils[0].st.waiting_ns == 40);  // 100..110 (11 waits, no holder) and 120..150
+        CHECK(gils[0].holder == 11);
+        CHECK(gils[0].waiters == 1);
+    }
+    CHECK(gil.live_threads(105).size() == 2);  // a moment before the latest event adds nothing open
+    // What finish() closes at that moment is what live figures said.
+    const auto live = gil.live_gils(150);
+    gil.finish(150);
+    const auto done = gil.processes();
+    CHECK(done[0].held_ns == live[0].st.held_ns);
+    CHECK(done[0].contended_ns == live[0].st.contended_ns);
+    CHECK(done[0].waiting_ns == live[0].st.waiting_ns);
+    CHECK(gil.thread(12)->wait_ns == 30);
+}

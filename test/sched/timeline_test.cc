@@ -446,3 +446,30 @@ TEST_CASE("a sleep's evidence is its own label's: a literal, a built string, or 
     CHECK(sink.sleeps[2] == std::pair<std::string, std::string>{"S", ""});
     CHECK(sink.sleeps[3] == std::pair<std::string, std::string>{"S", ""});
 }
+
+TEST_CASE("live figures (gilscan top): each thread's open state counted up to the moment, nothing closed") {
+    SchedRecording r;
+    r.w.comm(r.sw, 10, 11, "worker", 50);
+    r.switch_(100, 0, 10, 11, 1, 0);       // 11 sleeps
+    r.waking(150, 1, 10, 12, 11);          // 12 wakes 11
+    r.switch_(170, 1, 10, 12, 0x100, 11);  // 12 switches to 11: 11 runs
+    TempFile f(r.w.build());
+    Session s(f.path);
+    Collect spans;
+    Timeline tl(s, spans);
+    s.run(tl);
+    for (int twice = 0; twice < 2; ++twice) {
+        const auto live = tl.live(250);
+        auto it = std::find_if(live.begin(), live.end(), [](const Timeline::LiveThread& t) { return t.st.tid == 11; });
+        REQUIRE(it != live.end());
+        CHECK(it->alive);
+        CHECK(it->st.sleep_ns == 50);
+        CHECK(it->st.runnable_ns == 20);
+        CHECK(it->st.running_ns == 80);  // 170..250, open
+        CHECK(it->st.comm == "worker");
+    }
+    CHECK(tl.latest() == 170);
+    tl.finish(250);
+    for (const ThreadStats* t : tl.threads())
+        if (t->tid == 11) CHECK(t->running_ns == 80);
+}
