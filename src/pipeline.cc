@@ -25,7 +25,7 @@ namespace pipeline {
 std::unique_ptr<Session> Run::open_session() {
     if (opt.input_fd < 0) return std::make_unique<Session>(opt.input);
     return std::make_unique<Session>(opt.display_name.empty() ? "perf record's output" : opt.display_name,
-                                     MappedFile::Stream{opt.input_fd, [this] { live_tick(); }});
+                                     MappedFile::Stream{opt.input_fd, [this](uint64_t) { live_tick(); }});
 }
 
 }  // namespace pipeline

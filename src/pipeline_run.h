@@ -56,6 +56,11 @@ struct Run {
     Run& operator=(const Run&) = delete;
 
     const AnalysisOptions& opt;
+    // gilscan top (AnalysisOptions::on_live): called while a stream is
+    // read, once the stages are built (live_ready). Declared before the
+    // session, whose constructor already reads the stream.
+    bool live_ready = false;
+    void live_tick();
     // 1. perfdata: the file, header, features, formats (or a stream's header)
     std::unique_ptr<Session> open_session();
     std::unique_ptr<Session> owned_session;
@@ -100,10 +105,6 @@ struct Run {
     std::unique_ptr<BlameStacks> blame_stacks;
     std::unique_ptr<GilBlame> blame;
 
-    // gilscan top (AnalysisOptions::on_live): called while a stream is
-    // read, once the stages are built (live_ready).
-    bool live_ready = false;
-    void live_tick();
 
     // What labelled the sleeps.
     bool used_probes = false, used_stacks = false;

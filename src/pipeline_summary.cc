@@ -140,9 +140,13 @@ void Run::live_tick() {
 // and holds from the uprobes (without them, waits from the sleeps' stacks);
 // the GILs; blame's rows.
 LiveFigures live_figures(const Run& r, uint64_t now) {
-    // Not before the latest event the stages have: its spans are counted
-    // whole already, and the open states are brought up to the same time.
-    now = std::max(now, r.timeline->latest());
+    // The stages have every record up to their latest event (records come
+    // in time order): the figures are exact there. Past it only once the
+    // stream is caught up (everything perf wrote delivered, nothing new
+    // since): the open states then last up to `now`, which lags the clock
+    // by more than perf takes to write out what it has.
+    const uint64_t latest = r.timeline->latest();
+    now = r.session.caught_up() ? std::max(now, latest) : latest;
     LiveFigures f;
     f.time = now;
     f.gil_probes = r.gil->seen_probes();

@@ -61,8 +61,7 @@ constexpr const char* kAbout =
   gilscan record [options] -- PROGRAM   record a program with perf, then analyse it
   gilscan top [options] -p PID          a live view of a running Python (or -- PROGRAM)
   gilscan batch [options] PATH...       many recordings: one summary row per thread
-  gilscan probe [options] [PYTHON...]   place the GIL uprobes for a perf record of your own
-  gilscan help [COMMAND]                this text, or a command's options)";
+  gilscan probe [options] [PYTHON...]   place the GIL uprobes for a perf record of your own)";
 
 // The analysis options: `gilscan FILE`'s table (and its --help).
 gilscan::OptionTable analysis_table(Options& o) {
@@ -141,7 +140,7 @@ gilscan::OptionTable analysis_table(Options& o) {
         if (!o.input.empty()) throw gilscan::UsageError("more than one input file");
         o.input = v;
     });
-    t.epilogue("Every option in detail: docs/usage.md. Record with gilscan record -- python3 app.py.");
+    t.epilogue("gilscan help COMMAND: a command's options. Every option in detail: docs/usage.md.");
     return t;
 }
 

@@ -30,8 +30,8 @@ namespace gilscan {
 
 namespace {
 
-// The moment shown lags the clock by this much: what perf has written out
-// by then (it is asked every 100 ms) and the record ordering has released.
+// Once the stream is caught up, the moment shown lags the clock by this
+// much: more than perf (asked every 100 ms) takes to write out what it has.
 constexpr uint64_t kLagNs = 500'000'000;
 
 struct TopRequest {
@@ -217,6 +217,47 @@ int exit_status(int wait_status) {
     return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : 1;
 }
 
+// The stream's analysis, on a thread of its own: the view at each
+// interval, the summary at the end (or the exception, and a stop asked).
+struct Analysis {
+    std::optional<FileSummary> summary;
+    std::exception_ptr failed;
+    std::thread thread;
+
+    Analysis(const TopRequest& q, int fd, Shower& shower, std::atomic<bool>& stop) {
+        thread = std::thread([this, &q, fd, &shower, &stop] {
+            AnalysisOptions a;
+            a.input_fd = fd;  // the session's: closed when it ends, which stops perf if it was early
+            a.display_name = "perf record -o -";
+            a.jobs = 1;
+            a.blame = q.rec.blame;
+            a.blame_top = q.top;
+            a.perf_maps = "/tmp";  // where CPython's -X perf writes them
+            a.debuginfo_cache = default_debuginfo_cache_dir();
+            // The watched process's maps are its user's (a program gilscan runs is gilscan's user's).
+            struct stat st {};
+            const std::string proc = "/proc/" + std::to_string(q.rec.target.pid);
+            a.perf_map_owner = q.rec.target.pid && ::stat(proc.c_str(), &st) == 0 ? st.st_uid : ::geteuid();
+            a.on_live = [&shower](const LiveAnalysis& l) { shower.on_live(l); };
+            try {
+                summary = analyse_recording(a);
+            } catch (...) {
+                failed = std::current_exception();
+                stop = true;
+            }
+        });
+    }
+};
+
+// The whole run's table and summary JSON once the view is gone.
+void report(const TopRequest& q, const FileSummary& summary, std::optional<OutputFile>& summary_out) {
+    if (!q.json) print_summary_table(stdout, summary);
+    if (summary_out) {
+        write_summary_json(*summary_out, summary);
+        summary_out->commit();
+    }
+}
+
 }  // namespace
 
 int top_main(int argc, char** argv) {
@@ -238,30 +279,7 @@ int top_main(int argc, char** argv) {
 
     std::optional<Screen> screen(std::in_place, !q.batch);
     Shower shower(q, *screen, stop);
-    std::exception_ptr failed;
-    std::optional<FileSummary> summary;
-    std::thread analysis([&] {
-        AnalysisOptions a;
-        a.input_fd = fds[0];  // the session's: closed when it ends, which stops perf if it was early
-        a.display_name = "perf record -o -";
-        a.jobs = 1;
-        a.blame = q.rec.blame;
-        a.blame_top = q.top;
-        a.perf_maps = "/tmp";  // where CPython's -X perf writes them
-        a.debuginfo_cache = default_debuginfo_cache_dir();
-        // The watched process's maps are its user's (a program gilscan runs is gilscan's user's).
-        struct stat st {};
-        a.perf_map_owner = q.rec.target.pid && ::stat(("/proc/" + std::to_string(q.rec.target.pid)).c_str(), &st) == 0
-                               ? st.st_uid
-                               : ::geteuid();
-        a.on_live = [&](const LiveAnalysis& l) { shower.on_live(l); };
-        try {
-            summary = analyse_recording(a);
-        } catch (...) {
-            failed = std::current_exception();
-            stop = true;
-        }
-    });
+    Analysis analysis(q, fds[0], shower, stop);
     RunOutcome run;
     std::exception_ptr record_failed;
     try {
@@ -270,17 +288,16 @@ int top_main(int argc, char** argv) {
         record_failed = std::current_exception();
     }
     if (perf_out >= 0) ::close(perf_out);  // perf never had it: the analysis ends
-    analysis.join();
-    if (summary) shower.finish(*summary);
+    analysis.thread.join();
+    // A program's end is the recording's; an attached process runs on
+    // after perf stops, each of its events disabled at a slightly different
+    // moment, so that last stretch is not shown as an interval.
+    if (analysis.summary && !q.rec.target.command.empty()) shower.finish(*analysis.summary);
     screen.reset();  // the terminal as it was, for what follows
     if (record_failed) std::rethrow_exception(record_failed);
     if (run.program_not_run) return exit_status(run.program_status);
-    if (failed) std::rethrow_exception(failed);
-    if (summary && !q.json) print_summary_table(stdout, *summary);
-    if (summary_out && summary) {
-        write_summary_json(*summary_out, *summary);
-        summary_out->commit();
-    }
+    if (analysis.failed) std::rethrow_exception(analysis.failed);
+    if (analysis.summary) report(q, *analysis.summary, summary_out);
     return q.rec.target.command.empty() ? 0 : exit_status(run.program_status);
 }
 

@@ -136,6 +136,10 @@ uint32_t BlameStacks::resolve(const AddressSpace& as, const Sample& s, bool on_c
     const uint32_t id = name_stack(as);
     if (live_ && std::any_of(frames_.begin(), frames_.end(), [&](const Frame& f) { return name(as, f).jit_unnamed; }))
         return id;  // named again next time: its map may name that frame by then
+    // Distinct pc sequences keep coming as long as a program runs (leaf pcs
+    // times callers): live, the shortcut is a cache of bounded size, whose
+    // misses name the stack again (to the same id).
+    if (live_ && by_pcs_.size() >= kLivePcStacks) by_pcs_.clear();
     by_pcs_.emplace(pc_key_, id);
     return id;
 }

@@ -63,6 +63,17 @@ using BlameKey = std::tuple<int32_t, std::string, std::string>;
 
 BlameKey key_of(const BlameRow& r) { return {r.pid, r.function, r.native}; }
 
+using ThreadRow = TopView::ThreadRow;
+
+std::string thread_line(const ThreadRow& t, uint64_t span) {
+    char b[96];
+    std::snprintf(b, sizeof b, "%7d  ", t.t->tid);
+    std::string row = b + cell(t.t->comm + (t.t->alive ? "" : " (exited)"), 16);
+    std::snprintf(b, sizeof b, "%6.1f %10.1f %10.1f", pct(t.running_ns, span), pct(t.hold_ns, span),
+                  pct(t.wait_ns, span));
+    return row + b;
+}
+
 }  // namespace
 
 LiveFigures live_figures_of(const FileSummary& fs) {
@@ -174,6 +185,7 @@ std::string TopView::text(size_t width, size_t height, const std::string& what) 
     line(screen, rows, height, width, "");
     line(screen, rows, height, width, "    TID  NAME              CPU%  GIL held%  GIL wait%");
     const std::vector<BlameLine> blame = blame_lines();
+    // The blame table's rows are kept: the threads' give way to them.
     const size_t blame_rows = now_.blame ? 3 + std::max<size_t>(blame.size(), 1) : 0;
     const std::vector<ThreadRow> threads = thread_rows();
     size_t shown = 0;
@@ -182,12 +194,7 @@ std::string TopView::text(size_t width, size_t height, const std::string& what) 
             line(screen, rows, height, width, "  ... " + std::to_string(threads.size() - shown) + " more threads");
             break;
         }
-        char b[96];
-        std::snprintf(b, sizeof b, "%7d  ", t.t->tid);
-        std::string row = b + cell(t.t->comm + (t.t->alive ? "" : " (exited)"), 16);
-        std::snprintf(b, sizeof b, "%6.1f %10.1f %10.1f", pct(t.running_ns, span), pct(t.hold_ns, span),
-                      pct(t.wait_ns, span));
-        line(screen, rows, height, width, row + b);
+        line(screen, rows, height, width, thread_line(t, span));
         ++shown;
     }
     if (!now_.blame) return screen;

@@ -83,6 +83,12 @@ void Session::run(EventSink& sink) {
     // round is read (OrderedQueue::pump), so both threads stay busy even
     // when a round is several times what may be in flight.
     BatchHandoff handoff(64, kInFlightBytes);
+    // A stream's reads may hand over what waits to be ordered (stream_waiting).
+    struct Unset {
+        SessionReader*& p;
+        ~Unset() { p = nullptr; }
+    } unset{live_reader_};
+    if (!threaded && file_.streaming()) live_reader_ = rd.get();
     if (!threaded) rd->read_all(handoff);
     else run_stages_beside_reader(*rd, handoff, sink);
     if (rd->error) std::rethrow_exception(rd->error);

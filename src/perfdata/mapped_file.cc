@@ -93,15 +93,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 }
 
 MappedFile::MappedFile(const std::string& name, Stream stream)
-    : path_(name), size_(kStreamSize), fd_(stream.fd), stream_(true), waiting_(std::move(stream.waiting)) {
-    // The pipe header (magic, size 16); a file-mode header here is refused
-    // by read_file_header, which finds no 104 bytes.
+    : path_(name), size_(kStreamSize), fd_(stream.fd), stream_(true) {
+    // The pipe header (magic, size 16), read before `waiting` is set: its
+    // owner is still being made.
     head_.resize(16);
     const size_t got = read_stream(0, head_.data(), head_.size(), head_.size());
     if (got == 0) throw Error(path_, Error::no_offset, "the stream ended before any data (perf record wrote nothing)");
     head_.resize(got);
     data_ = head_.data();
     mapped_ = head_.size();
+    waiting_ = std::move(stream.waiting);
 }
 
 MappedFile::MappedFile(const std::string& name, Bytes memory)
@@ -139,9 +140,9 @@ size_t MappedFile::read(uint64_t offset, uint8_t* dst, size_t n, size_t need) co
 size_t MappedFile::read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t need) const {
     if (offset < stream_pos_)
         throw Error(path_, offset, "a stream cannot be read again behind byte " + std::to_string(stream_pos_));
-    if (waiting_) waiting_();
     uint8_t sink[4096];
     size_t done = 0;
+    uint64_t idle = 0;
     for (;;) {
         const bool skipping = stream_pos_ < offset;
         // Enough: take what has already arrived without waiting for more.
@@ -152,7 +153,8 @@ size_t MappedFile::read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t n
         if (ready < 0 && errno != EINTR) throw Error(path_, stream_pos_, std::string("poll: ") + std::strerror(errno));
         if (ready <= 0) {
             if (enough) return done;
-            if (waiting_) waiting_();
+            idle += ready == 0 ? 100'000'000 : 0;
+            if (waiting_) waiting_(idle);
             continue;
         }
         uint8_t* to = skipping ? sink : dst + done;
@@ -163,6 +165,8 @@ size_t MappedFile::read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t n
         if (r == 0) return done;  // the writer closed it: the end
         stream_pos_ += static_cast<uint64_t>(r);
         if (!skipping) done += static_cast<size_t>(r);
+        idle = 0;
+        if (waiting_) waiting_(0);
     }
 }
 

@@ -108,6 +108,11 @@ void SessionReader::read_records() {
     }
 }
 
+void SessionReader::deliver_waiting() {
+    queued([&](auto& h) { q.flush_all(h); });
+    send();
+}
+
 // The records waiting to be ordered hold more bytes than the window allows
 // (a file without rounds whose every compressed record has a buffer of its
 // own): the older half goes to the stages, and their buffers come back.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gilscan/perfdata/perf_abi.h"
+#include "gilscan/perfdata/reader.h"
 
 namespace gilscan {
 
@@ -14,7 +15,9 @@ Session::Session(const std::string& path) : file_(path) { open(); }
 
 Session::Session(const std::string& name, Bytes memory) : file_(name, memory), tracefs_fallback_(false) { open(); }
 
-Session::Session(const std::string& name, MappedFile::Stream stream) : file_(name, std::move(stream)) {
+Session::Session(const std::string& name, MappedFile::Stream stream)
+    : file_(name, MappedFile::Stream{stream.fd, [this](uint64_t idle) { stream_waiting(idle); }}),
+      stream_waiting_(std::move(stream.waiting)) {
     // Only the 16-byte pipe header is held: a file's header (size 104)
     // would read as cut short, where it is the wrong kind of recording.
     const Bytes b = file_.bytes();
@@ -52,6 +55,19 @@ void Session::open() {
 }
 
 Session::~Session() = default;
+
+// Nothing new for a while: perf (pinged by gilscan top) has written out all
+// it had, so no record older than those waiting to be ordered can still
+// come; they go to the sink now rather than at the next round's end.
+void Session::stream_waiting(uint64_t idle_ns) {
+    if (idle_ns == 0) {
+        caught_up_ = false;
+    } else if (idle_ns >= kStreamIdleNs && live_reader_ && !caught_up_) {
+        live_reader_->deliver_waiting();
+        caught_up_ = true;
+    }
+    if (stream_waiting_) stream_waiting_(idle_ns);
+}
 
 void Session::warn(std::string w) { stats_.warnings.push_back(std::move(w)); }
 

@@ -58,7 +58,7 @@ TEST_CASE("a pipe-mode stream: the file's records, whatever pieces it arrives in
                 CAPTURE(chunk);
                 PipeWriter w(bytes, piece);
                 int waits = 0;
-                Session s("stream", MappedFile::Stream{w.fds[0], [&waits] { ++waits; }});
+                Session s("stream", MappedFile::Stream{w.fds[0], [&waits](uint64_t) { ++waits; }});
                 CHECK(s.header().pipe);
                 if (chunk) s.set_chunk_size(chunk);
                 Times got;
@@ -127,4 +127,37 @@ TEST_CASE("a stream cut inside a record: the records before it, and a warning") 
     s.run(got);
     CHECK(got.times.size() == 3);
     CHECK(s.stats().truncated);
+}
+
+TEST_CASE("a stream with nothing new for a while: the records waiting to be ordered go to the sink, caught_up()") {
+    SchedRecording r;
+    r.switch_(100, 0, 10, 11, 1, 0);
+    r.w.finished_round();
+    r.switch_(200, 1, 10, 12, 1, 0);  // no round ends after it until the writer goes on
+    const std::vector<uint8_t> head = r.w.build_pipe();
+    r.switch_(300, 0, 10, 11, 1, 0);
+    r.w.finished_round();
+    const std::vector<uint8_t> bytes = r.w.build_pipe();
+    PipeWriter w(bytes, 1 << 20, head.size());
+    struct Watch : Times {
+        PipeWriter* w;
+        size_t seen_while_held = 0;
+        void on_sample(const Sample& s, const EventInfo& ev) override {
+            Times::on_sample(s, ev);
+            if (!w->go && ++seen_while_held == 2) w->go = true;
+        }
+    } watch;
+    watch.w = &w;
+    bool caught_up_seen = false;
+    Session* session = nullptr;
+    Session s("stream", MappedFile::Stream{w.fds[0], [&](uint64_t) {
+                  if (session && session->caught_up()) caught_up_seen = true;
+              }});
+    session = &s;
+    s.run(watch);
+    CHECK(watch.seen_while_held == 2);  // both, though no round released them
+    CHECK(caught_up_seen);
+    CHECK_FALSE(s.caught_up());  // the last bytes brought new records
+    CHECK(watch.times == std::vector<uint64_t>{100, 200, 300});
+    CHECK(s.stats().out_of_order == 0);
 }

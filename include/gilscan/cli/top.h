@@ -9,9 +9,10 @@
 // (record.h: record_live), and analyses that stream as it comes on a
 // thread of its own (pipeline.h: AnalysisOptions::input_fd): the memory is
 // the stages' (threads, GILs, blamed stacks), not the recording's. Every
-// interval the view (output/top_view.h) shows the interval that ended half
-// a second ago: perf is asked every 100 ms to write out its buffers, and
-// the ordering of the records holds the latest ones back until the next.
+// interval the view (output/top_view.h) shows the figures up to the latest
+// event the analysis has, or, once the stream is caught up, up to half a
+// second ago (pipeline.h: LiveAnalysis; perf is asked every 100 ms to
+// write out its buffers).
 #pragma once
 
 namespace gilscan {

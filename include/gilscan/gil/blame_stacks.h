@@ -80,6 +80,7 @@ public:
     // JIT frame its map does not name yet is looked up again (once the map
     // has grown), and a stack with such a frame is not kept by its pcs.
     void set_live(bool on) { live_ = on; }
+    static constexpr size_t kLivePcStacks = 50'000;  // live: the most stacks kept by their pcs
     // The stack of a sample with REGS_USER and STACK_USER, or kNoStack /
     // kSampleNoStack (on_cpu) when it has none or not one frame unwound.
     uint32_t resolve(const AddressSpace& as, const Sample& s, bool on_cpu);

@@ -41,11 +41,12 @@ public:
     // A pipe-mode stream as it is written (gilscan top: perf record -o -
     // into a pipe): fd is read once, front to back, and closed here. Only
     // its 16-byte header is in bytes(); size() is kStreamSize (its end
-    // is where its writer closes it). read() waits for what it needs, calling `waiting`
-    // (if set) at least every 100 ms while it waits, and at each read.
+    // is where its writer closes it). read() waits for what it needs,
+    // calling `waiting` (if set) with 0 after each read that brought bytes,
+    // and every 100 ms while none come with how long none have (ns).
     struct Stream {
         int fd = -1;
-        std::function<void()> waiting;
+        std::function<void(uint64_t idle_ns)> waiting;
     };
     MappedFile(const std::string& name, Stream stream);
     static constexpr uint64_t kStreamSize = uint64_t{1} << 62;
@@ -77,7 +78,7 @@ private:
     bool stream_ = false;
     std::vector<uint8_t> head_;
     mutable uint64_t stream_pos_ = 0;
-    std::function<void()> waiting_;
+    std::function<void(uint64_t)> waiting_;
     size_t read_stream(uint64_t offset, uint8_t* dst, size_t n, size_t need) const;
 };
 

@@ -119,6 +119,9 @@ public:
     // Every record to the handoff (threaded) or straight to the stages.
     // Threaded, an exception is kept in `error` for the stages' thread.
     void read_all(BatchHandoff& handoff);
+    // Inline, from within a stream's read (Session::stream_waiting): the
+    // records waiting to be ordered, to the stages now.
+    void deliver_waiting();
 
     ChunkTable chunks;  // before rs and q: they release chunks when destroyed
     RecordStream rs;

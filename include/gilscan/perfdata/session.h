@@ -119,8 +119,15 @@ public:
     // Bytes in memory (fuzzing): never falls back to this machine's tracefs.
     Session(const std::string& name, Bytes memory);
     // A pipe-mode stream as perf writes it (gilscan top): read inline,
-    // each round handed to the sink as soon as it is ordered.
+    // each round handed to the sink as soon as it is ordered. Once nothing
+    // has come for kStreamIdleNs, the records still waiting to be ordered
+    // (the last round's, held until the next round ends) go to the sink
+    // too: everything the stream had is then delivered (caught_up()).
+    // stream.waiting is called as MappedFile says, after that.
     Session(const std::string& name, MappedFile::Stream stream);
+    static constexpr uint64_t kStreamIdleNs = 300'000'000;
+    // A stream's every record so far is delivered and nothing new has come since.
+    bool caught_up() const { return caught_up_; }
     ~Session();
 
     void run(EventSink& sink);
@@ -193,6 +200,12 @@ private:
     TracingData tracing_;
     bool have_tracing_ = false;
     bool tracefs_fallback_ = true;
+    // A stream's: the reader while run() reads it inline, whether all it
+    // had is delivered, and the caller's waiting (MappedFile::Stream).
+    SessionReader* live_reader_ = nullptr;
+    bool caught_up_ = false;
+    std::function<void(uint64_t)> stream_waiting_;
+    void stream_waiting(uint64_t idle_ns);
     std::vector<EventInfo> events_;
     bool stack_samples_ = false;  // an event records STACK_USER (the stages prefetch such samples' lines)
     EventIds ids_;  // the stages'; the reader thread has its own copy (delivery.cc)
