@@ -493,10 +493,11 @@ with tempfile.TemporaryDirectory() as tmp:
     # every option a help lists is described in docs/usage.md.
     r = run("--help")
     check(r.returncode == 0 and len(r.stdout.splitlines()) <= 40, "--help exits 0 and fits in 40 lines")
-    for cmd in ("record", "batch", "probe", "help"):
+    for cmd in ("record", "top", "batch", "probe"):
         check(f"gilscan {cmd} [" in r.stdout, f"--help names gilscan {cmd}")
+    check("gilscan help COMMAND" in r.stdout, "--help names gilscan help")
     usage_md = open(os.path.join(DATA, "..", "docs", "usage.md")).read()
-    for cmd in ("", "record", "batch", "probe"):
+    for cmd in ("", "record", "top", "batch", "probe"):
         h = run("help", cmd) if cmd else run("help")
         rh = run(cmd, "--help") if cmd else r
         check(h.returncode == 0 and rh.returncode == 0 and h.stdout == rh.stdout, f"help {cmd} is {cmd} --help")
