@@ -158,13 +158,7 @@ LiveFigures live_figures(const Run& r, uint64_t now) {
     for (const Timeline::LiveThread& t : r.timeline->live(now)) {
         if (!t.st.monitored || !wanted(t.st.tgid)) continue;
         if (!f.start || t.st.first_seen < f.start) f.start = t.st.first_seen;
-        LiveThreadFigures& x = f.threads.emplace_back();
-        x.pid = t.st.tgid;
-        x.tid = t.st.tid;
-        x.comm = t.st.comm;
-        x.first_seen = t.st.first_seen;
-        x.running_ns = t.st.running_ns;
-        x.alive = t.alive;
+        LiveThreadFigures& x = f.threads.emplace_back(t.st, t.alive);
         if (!f.gil_probes) {
             x.gil_wait_ns = t.st.gil_sleep_ns;
         } else if (auto it = gil_of.find(t.st.tid); it != gil_of.end()) {

@@ -83,15 +83,9 @@ LiveFigures live_figures_of(const FileSummary& fs) {
     f.gil_probes = fs.gil_probes;
     f.lost_events = fs.lost_events;
     for (const ThreadSummary& t : fs.threads) {
-        LiveThreadFigures& x = f.threads.emplace_back();
-        x.pid = t.st.tgid;
-        x.tid = t.st.tid;
-        x.comm = t.st.comm;
-        x.first_seen = t.st.first_seen;
-        x.running_ns = t.st.running_ns;
+        LiveThreadFigures& x = f.threads.emplace_back(t.st, !t.st.exited);
         x.gil_hold_ns = t.gil_hold_ns.value_or(0);
         x.gil_wait_ns = fs.gil_probes ? t.gil_wait_ns.value_or(0) : t.gil_sleep_ns.value_or(0);
-        x.alive = !t.st.exited;
     }
     for (const GilProcessStats& g : fs.gil_processes)
         f.gils.push_back({g.pid, g.index, g.held_ns, g.contended_ns, g.waiting_ns, -1, 0});

@@ -30,6 +30,11 @@ struct LiveThreadFigures {
     uint64_t first_seen = 0;  // with tid, who the thread is (a tid can be reused)
     uint64_t running_ns = 0, gil_hold_ns = 0, gil_wait_ns = 0;
     bool alive = true;
+    LiveThreadFigures() = default;
+    // The thread's own figures from the timeline's; its GIL ones are set after.
+    LiveThreadFigures(const ThreadStats& st, bool alive_now)
+        : pid(st.tgid), tid(st.tid), comm(st.comm), first_seen(st.first_seen), running_ns(st.running_ns),
+          alive(alive_now) {}
 };
 
 struct LiveGilFigures {
