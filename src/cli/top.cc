@@ -173,9 +173,14 @@ public:
         : q_(q), screen_(screen), stop_(stop), view_(q.top), what_(watched(q)),
           step_(static_cast<uint64_t>(q.interval * 1e9)), next_(monotonic_ns() + step_) {}
 
+    // Called at every read of a busy stream: the keys are looked at every
+    // 100 ms, the figures every interval.
     void on_live(const LiveAnalysis& a) {
-        if (screen_.quit_typed()) stop_ = true;
         const uint64_t now = monotonic_ns();
+        if (now >= next_keys_) {
+            next_keys_ = now + 100'000'000;
+            if (screen_.quit_typed()) stop_ = true;
+        }
         if (now < next_) return;
         next_ = std::max(next_ + step_, now + step_ / 2);
         view_.update(a.figures(now - kLagNs));
@@ -210,7 +215,7 @@ private:
     std::atomic<bool>& stop_;
     TopView view_;
     std::string what_;
-    uint64_t step_, next_;
+    uint64_t step_, next_, next_keys_ = 0;
 };
 
 int exit_status(int wait_status) {

@@ -37,7 +37,7 @@ TRACEFS = "/sys/kernel/tracing"
 # the live figures count open states up to the interval's end, and events
 # of other CPUs not yet handed over by then are the difference.
 INTERVAL_TOLERANCE = 0.02
-# Under AddressSanitizer (scripts/test's second suite, a debug build) the
+# Under AddressSanitizer (scripts/test's second suite) the
 # analysis of DWARF stacks cannot keep up with a live stream on two cores:
 # perf then loses events, and no figure can match. The comparison with the
 # truth runs there without blame's stacks (--no-blame); the runs with blame
@@ -231,6 +231,37 @@ def run_terminal(tmp):
         subprocess.run(["tmux", "kill-session", "-t", "gilscan-top-test"], capture_output=True)
 
 
+def ctrl_c_attached(tmp):
+    """Ctrl-C in a real terminal on top -p: the view leaves, the process runs on, the probes go."""
+    out = os.path.join(tmp, "tmux-c.txt")
+    target = subprocess.Popen([PY, WORKLOAD, "60"], stdout=subprocess.DEVNULL)
+    subprocess.run(["tmux", "kill-session", "-t", "gilscan-top-c"], capture_output=True)
+    cmd = f"{GILSCAN} top -p {target.pid}; echo EXIT=$? > {out}; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", "gilscan-top-c", "-x", "120", "-y", "30", cmd], check=True)
+    try:
+        screen = ""
+        for _ in range(60):
+            time.sleep(0.25)
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "gilscan-top-c"],
+                                    capture_output=True, text=True).stdout
+            if "GIL of " in screen:
+                break
+        check(f"pid {target.pid}" in screen and "GIL of " in screen, f"-p: the screen draws ({screen[:300]!r})")
+        subprocess.run(["tmux", "send-keys", "-t", "gilscan-top-c", "C-c"], check=True)
+        for _ in range(80):
+            time.sleep(0.25)
+            if os.path.exists(out) and open(out).read().strip():
+                break
+        status = open(out).read().strip() if os.path.exists(out) else ""
+        check(status == "EXIT=0" and target.poll() is None,
+              f"Ctrl-C: gilscan top -p leaves with 0, the process runs on ({status!r}, {target.poll()})")
+        check(not own_groups(), f"Ctrl-C: the probes removed ({own_groups()})")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", "gilscan-top-c"], capture_output=True)
+        target.kill()
+        target.wait()
+
+
 def memory_stays_flat():
     """gilscan's anonymous resident memory at 10 s and at 20 s of a busy
     run: the stages' (threads, GILs, stacks met), not the recording's. By
@@ -278,6 +309,7 @@ def main():
             return
         run_attached(tmp)
         run_terminal(tmp)
+        ctrl_c_attached(tmp)
         memory_stays_flat()
         usage_errors()
         check(not glob.glob("/tmp/gilscan-hook-*"), "no hook directory left")
