@@ -114,4 +114,15 @@ std::string non_empty(std::string_view option, const std::string& value, std::st
     return value;
 }
 
+double cli_seconds(std::string_view option, const std::string& value, double min) {
+    char* end = nullptr;
+    const double d = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end || !(d > 0) || !(d >= min) || d > 1e7) {
+        char least[32];
+        std::snprintf(least, sizeof least, min > 0 ? " (at least %g)" : "", min);
+        throw UsageError(std::string(option) + " needs a number of seconds > 0" + least + ", not " + value);
+    }
+    return d;
+}
+
 }  // namespace gilscan

@@ -85,13 +85,6 @@ constexpr const char* kAbout =
     "Default: --gil --state; --state comes with any choice unless --no-state.\n"
     "Ctrl-C reaches the program as SIGINT; gilscan waits for it and exits with its status.";
 
-double parse_duration(const std::string& v) {
-    char* end = nullptr;
-    const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !(d > 0) || d > 1e7) throw UsageError("--duration needs a number of seconds > 0, not " + v);
-    return d;
-}
-
 int32_t parse_pid(const std::string& v) {
     char* end = nullptr;
     const long p = std::strtol(v.c_str(), &end, 10);
@@ -106,7 +99,7 @@ void add_target_options(OptionTable& t, RecordRequest& q) {
     t.flag("-a", "the whole system, while PROGRAM runs (or until Ctrl-C or --duration)",
            [&] { q.target.system_wide = true; });
     t.value("--duration", "S", "stop after S seconds (-p, or -a with no PROGRAM)",
-            [&](const std::string& v) { q.target.duration = parse_duration(v); });
+            [&](const std::string& v) { q.target.duration = cli_seconds("--duration", v); });
     t.value("--python", "PATH", "the Python to probe (for wrappers: uv run, poetry run, ...; and -a)",
             [&](const std::string& v) { q.python = non_empty("--python", v, "an interpreter or libpython"); });
     t.flag("--no-thread-names", "leave threads named as Python names them (< 3.14: after the process)",
@@ -382,10 +375,6 @@ RunOutcome run_perf(const RecordRequest& q, const std::string& group) {
     std::unique_ptr<ThreadNameHook> hook;
     if (q.thread_names && !q.target.command.empty()) hook = std::make_unique<ThreadNameHook>();
     return run_recording(args, q.target, q.r.quiet);
-}
-
-int exit_status(int wait_status) {
-    return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : 1;
 }
 
 }  // namespace

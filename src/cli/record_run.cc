@@ -270,6 +270,10 @@ void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool pe
 
 }  // namespace
 
+int exit_status(int wait_status) {
+    return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : 1;
+}
+
 bool left_by_ended_run(const std::string& pid) {
     if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) return false;
     std::ifstream comm("/proc/" + pid + "/comm");

@@ -48,14 +48,6 @@ constexpr const char* kAbout =
     "holding the GIL while others wait. perf records as gilscan record --blame does and\n"
     "streams into gilscan (no file). q or Ctrl-C leaves; the probes are removed.";
 
-double parse_seconds(const std::string& option, const std::string& v, double min) {
-    char* end = nullptr;
-    const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !(d >= min) || d > 1e7)
-        throw UsageError(option + " needs a number of seconds >= " + std::to_string(min).substr(0, 3) + ", not " + v);
-    return d;
-}
-
 std::optional<TopRequest> parse_top_args(int argc, char** argv) {
     TopRequest q;
     RecordTarget& g = q.rec.target;
@@ -71,9 +63,9 @@ std::optional<TopRequest> parse_top_args(int argc, char** argv) {
            [&] { q.rec.thread_names = false; });
     t.section("How");
     t.value("--interval", "S", "refresh every S seconds (default 1)",
-            [&](const std::string& v) { q.interval = parse_seconds("--interval", v, 0.2); });
+            [&](const std::string& v) { q.interval = cli_seconds("--interval", v, 0.2); });
     t.value("--duration", "S", "stop after S seconds (a PROGRAM then gets SIGINT)",
-            [&](const std::string& v) { g.duration = parse_seconds("--duration", v, 0.1); });
+            [&](const std::string& v) { g.duration = cli_seconds("--duration", v); });
     t.flag("--batch", "plain snapshots one after another on stdout, not a screen (logs, tests)", [&] { q.batch = true; });
     t.flag("--json", "with --batch: one JSON object per interval", [&] { q.json = q.batch = true; });
     t.value("--top", "N", "blamed functions shown (default 10)",
@@ -217,10 +209,6 @@ private:
     std::string what_;
     uint64_t step_, next_, next_keys_ = 0;
 };
-
-int exit_status(int wait_status) {
-    return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : 1;
-}
 
 // The stream's analysis, on a thread of its own: the view at each
 // interval, the summary at the end (or the exception, and a stop asked).

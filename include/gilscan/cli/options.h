@@ -88,5 +88,7 @@ inline constexpr int32_t kMaxPid = 4194304;
 
 // A value that must not be empty ("--perf-maps needs a directory").
 std::string non_empty(std::string_view option, const std::string& value, std::string_view what);
+// A number of seconds, more than 0 and at least `min` (and at most 1e7).
+double cli_seconds(std::string_view option, const std::string& value, double min = 0);
 
 }  // namespace gilscan

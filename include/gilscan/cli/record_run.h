@@ -59,6 +59,9 @@ bool left_by_ended_run(const std::string& pid);
 
 // perf_args: "perf", "record", options and events, without a target; the
 // target (-p PID / -a) and the control channel are added here.
+// A wait status as a shell's $?: the exit code, or 128 + the signal.
+int exit_status(int wait_status);
+
 RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet);
 
 }  // namespace gilscan
