@@ -197,33 +197,46 @@ def run_attached(tmp):
     check(not own_groups(), f"-p: the probes removed ({own_groups()})")
 
 
+def pane(session):
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def wait_for_pane(session, done):
+    """The pane's text once done(text) (or after 15 s)."""
+    screen = ""
+    for _ in range(60):
+        time.sleep(0.25)
+        screen = pane(session)
+        if done(screen):
+            break
+    return screen
+
+
+def wait_for_status(path):
+    """What the shell wrote to path once gilscan ended ("" after 20 s)."""
+    for _ in range(80):
+        time.sleep(0.25)
+        if os.path.exists(path) and open(path).read().strip():
+            break
+    return open(path).read().strip() if os.path.exists(path) else ""
+
+
 def run_terminal(tmp):
     out = os.path.join(tmp, "tmux.txt")
     subprocess.run(["tmux", "kill-session", "-t", "gilscan-top-test"], capture_output=True)
     cmd = f"{GILSCAN} top -- {PY} -X perf {WORKLOAD} 60; echo EXIT=$? > {out}; sleep 60"
     subprocess.run(["tmux", "new-session", "-d", "-s", "gilscan-top-test", "-x", "120", "-y", "30", cmd], check=True)
     try:
-        screen = ""
-        for _ in range(60):
-            time.sleep(0.25)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "gilscan-top-test"],
-                                    capture_output=True, text=True).stdout
-            if "spinner-1" in screen and "spin (" in screen:
-                break
+        screen = wait_for_pane("gilscan-top-test", lambda text: "spinner-1" in text and "spin (" in text)
         check("GIL of " in screen and "spinner-0" in screen and "napper" in screen and "(q quits)" in screen,
               f"the screen draws the GIL, the threads and the hint ({screen[:400]!r})")
         check("spin (" in screen, "the screen names the blamed Python function")
         check(len(screen.splitlines()) <= 30, "the screen fits the terminal")
         check(own_groups(), "probes in place while it runs")
         subprocess.run(["tmux", "send-keys", "-t", "gilscan-top-test", "q"], check=True)
-        for _ in range(80):
-            time.sleep(0.25)
-            if os.path.exists(out) and open(out).read().strip():
-                break
-        status = open(out).read().strip() if os.path.exists(out) else ""
+        status = wait_for_status(out)
         check(status == "EXIT=3", f"q: the program got SIGINT, its status is gilscan's ({status!r})")
-        after = subprocess.run(["tmux", "capture-pane", "-p", "-t", "gilscan-top-test"],
-                               capture_output=True, text=True).stdout
+        after = pane("gilscan-top-test")
         check("while other threads waited" in after and "(q quits)" not in after,
               "q: the screen left (the terminal's own back), the whole run's table printed")
         check(not own_groups(), f"q: the probes removed ({own_groups()})")
@@ -239,20 +252,10 @@ def ctrl_c_attached(tmp):
     cmd = f"{GILSCAN} top -p {target.pid}; echo EXIT=$? > {out}; sleep 60"
     subprocess.run(["tmux", "new-session", "-d", "-s", "gilscan-top-c", "-x", "120", "-y", "30", cmd], check=True)
     try:
-        screen = ""
-        for _ in range(60):
-            time.sleep(0.25)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", "gilscan-top-c"],
-                                    capture_output=True, text=True).stdout
-            if "GIL of " in screen:
-                break
+        screen = wait_for_pane("gilscan-top-c", lambda text: "GIL of " in text)
         check(f"pid {target.pid}" in screen and "GIL of " in screen, f"-p: the screen draws ({screen[:300]!r})")
         subprocess.run(["tmux", "send-keys", "-t", "gilscan-top-c", "C-c"], check=True)
-        for _ in range(80):
-            time.sleep(0.25)
-            if os.path.exists(out) and open(out).read().strip():
-                break
-        status = open(out).read().strip() if os.path.exists(out) else ""
+        status = wait_for_status(out)
         check(status == "EXIT=0" and target.poll() is None,
               f"Ctrl-C: gilscan top -p leaves with 0, the process runs on ({status!r}, {target.poll()})")
         check(not own_groups(), f"Ctrl-C: the probes removed ({own_groups()})")
