@@ -69,10 +69,21 @@ void plan_threads(Run& r) {
     else r.mode = StackMode::StagesOnly;
 }
 
-// 5. The trace's file and writer, opened up front; from -j 2 its events are
-// formatted by the reader thread while it would wait (trace_relay.h).
+PftraceSystem pftrace_system(const Session& s) {
+    const Features& f = s.features();
+    return {f.os_release, f.arch, f.nr_cpus_online};
+}
+
+// 5. The trace's file and writer, opened up front; from -j 2 a JSON trace's
+// events are formatted by the reader thread while it would wait
+// (trace_relay.h). A .pftrace's events cost a few bytes each, written where
+// they arise; its writer also takes the scheduler's events from the timeline.
 void open_trace(Run& r) {
-    if (!r.opt.output.empty()) {
+    if (is_pftrace_name(r.opt.output)) {
+        r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
+        r.pftrace = std::make_unique<PftraceWriter>(*r.trace_out, r.opt.trace, pftrace_system(r.session));
+        r.trace_sink = r.pftrace.get();
+    } else if (!r.opt.output.empty()) {
         r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
         r.trace = std::make_unique<TraceWriter>(*r.trace_out, r.opt.trace);
         r.trace_sink = r.trace.get();
@@ -196,6 +207,7 @@ void build_timeline(Run& r) {
     r.timeline = std::make_unique<Timeline>(r.session, r.trace_sink ? static_cast<SpanSink&>(*r.trace_sink) : r.null_sink);
     // With workers, spans wait for their labels: the GIL tracker's events wait with them.
     if (r.parallel && r.trace_sink) r.in_order.emplace(*r.timeline, *r.trace_sink);
+    if (r.pftrace) r.timeline->set_sched_tap(r.pftrace.get());
     r.gil = std::make_unique<GilTracker>(r.in_order ? &*r.in_order : r.trace_sink, r.session.swap());
     // Labels made off the timeline carry texts only when the timeline reads
     // them (SleepLabel::text), as its own do.
@@ -249,6 +261,10 @@ void read_records(Run& r) {
 }
 // 5. The trace's last events (track names, metadata), then the file in place.
 void write_trace(Run& r, const FileSummary& summary) {
+    if (r.pftrace) {
+        r.pftrace->finish(r.timeline->threads(), pftrace_system(r.session));
+        r.trace_out->commit();
+    }
     if (!r.trace) return;
     TraceMeta meta{r.opt.display_name.empty() ? r.opt.input : r.opt.display_name, summary.clock, summary.hostname,
                    summary.cmdline};

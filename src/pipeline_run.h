@@ -14,6 +14,7 @@
 #include "gilscan/gil/reader_stacks.h"
 #include "gilscan/output/html_report.h"
 #include "gilscan/output/output_file.h"
+#include "gilscan/output/pftrace_writer.h"
 #include "gilscan/output/trace_relay.h"
 #include "gilscan/output/trace_writer.h"
 #include "gilscan/perfdata/session.h"
@@ -79,6 +80,7 @@ struct Run {
     std::unique_ptr<OutputFile> trace_out;
     NullSink null_sink;
     std::unique_ptr<TraceWriter> trace;
+    std::unique_ptr<PftraceWriter> pftrace;  // -o x.pftrace: Perfetto's format instead of JSON
     std::unique_ptr<TraceRelay> relay;
     std::unique_ptr<ReportCollector> report;  // --html
     std::unique_ptr<TeeTraceSink> tee;        // the trace and the report

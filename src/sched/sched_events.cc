@@ -135,10 +135,11 @@ TracepointDecoder::Fields& TracepointDecoder::prepare(const EventInfo& ev) {
     case TpKind::SchedWakeupNew: {
         f.a = fmt->field("pid");
         f.b = fmt->field("target_cpu");
+        f.c = fmt->field("prio");
         f.d = fmt->field("comm");
         // As for sched_switch: every field at a fixed place, one length test.
-        f.fixed_wake = int_ok(f.a) && int_ok(f.b) && plain(f.d);
-        f.fixed_end = end_of({f.a, f.b, f.d});
+        f.fixed_wake = int_ok(f.a) && int_ok(f.b) && int_ok(f.c) && plain(f.d);
+        f.fixed_end = end_of({f.a, f.b, f.c, f.d});
         break;
     }
     case TpKind::SchedProcessFork:
@@ -225,6 +226,7 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
         with_byte_order(swap, [&](auto sw) {
             o.pid = static_cast<int32_t>(int_at(p, *f.a, sw));
             if (f.b) o.target_cpu = static_cast<int32_t>(int_at(p, *f.b, sw));
+            if (f.c) o.prio = static_cast<int32_t>(int_at(p, *f.c, sw));
             if (f.d) o.comm = str_at(p, *f.d);
         });
         return true;
@@ -233,6 +235,7 @@ bool TracepointDecoder::decode(const Sample& s, const EventInfo& ev, bool swap, 
     with_byte_order(swap, [&](auto sw) {
         o.pid = static_cast<int32_t>(read_int(s.raw, *f.a, sw, &ok));
         if (f.b) o.target_cpu = static_cast<int32_t>(read_int(s.raw, *f.b, sw));
+        if (f.c) o.prio = static_cast<int32_t>(read_int(s.raw, *f.c, sw));
         if (f.d) o.comm = read_str(s.raw, *f.d, sw);
     });
     if (!ok) ++field_errors_;

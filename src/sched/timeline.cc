@@ -275,6 +275,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         SchedSwitch sw;
         if (!dec_.decode(s, ev, swap, sw)) return;
         ++sched_events_;
+        if (tap_ && (!window_ || window_->contains(t))) tap_->sched_switch(s.cpu, t, s.tid, sw);
         idle_switch_outs_ += sw.prev_pid == 0;
         if (sw.prev_pid > 0) {
             Thread& p = thread(sw.prev_pid);
@@ -302,6 +303,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         SchedWake w;
         if (!dec_.decode(s, ev, swap, w)) return;
         ++sched_events_;
+        if (tap_ && (!window_ || window_->contains(t))) tap_->sched_wake(s.cpu, t, s.tid, k, w);
         if (w.pid <= 0) return;
         Thread& th = thread(w.pid);
         if (th.st.comm.empty()) th.st.comm = std::string(w.comm);

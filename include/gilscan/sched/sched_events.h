@@ -39,6 +39,7 @@ struct SchedSwitch {
 struct SchedWake {  // sched_waking / sched_wakeup / sched_wakeup_new
     int32_t pid = 0;
     int32_t target_cpu = -1;
+    int32_t prio = 120;  // the kernel's default, when the format has none
     std::string_view comm;
 };
 

@@ -177,6 +177,17 @@ public:
     virtual void thread_gone(int32_t pid, int32_t tid, uint64_t t) = 0;
 };
 
+// Told of every decoded switch and wake-up inside the window, in the
+// stages' order (the .pftrace writer's scheduler data, pftrace_writer.h):
+// cpu is ~0u when the recording has no PERF_SAMPLE_CPU, cur_tid the task
+// the event fired in (the sample's tid).
+class SchedTap {
+public:
+    virtual ~SchedTap() = default;
+    virtual void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) = 0;
+    virtual void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) = 0;
+};
+
 // Labels a sleep or disk sleep at its switch-out: writes into `label`, which
 // arrives cleared (and keeps its capacity from the thread's earlier sleeps).
 using SleepClassifier = std::function<void(const Sample&, const EventInfo&, const PrevState&, SleepLabel& label)>;
@@ -187,6 +198,7 @@ public:
 
     void set_classifier(SleepClassifier c) { classifier_ = std::move(c); }
     void set_observer(ThreadObserver* o) { observer_ = o; }
+    void set_sched_tap(SchedTap* t) { tap_ = t; }
     // --time: states are clipped to it, threads' first/last times too; what
     // lies wholly outside is neither counted nor drawn.
     void set_window(const TimeWindow* w) { window_ = w; }
@@ -337,6 +349,7 @@ private:
     TracepointDecoder dec_;
     SleepClassifier classifier_;
     ThreadObserver* observer_ = nullptr;
+    SchedTap* tap_ = nullptr;
     const TimeWindow* window_ = nullptr;
     [[gnu::noinline]] void observe_sleep_end(const Thread& th, uint64_t t);
     Resolver resolver_;

@@ -1,0 +1,97 @@
+// PftraceSched — the recording's scheduler events as Perfetto ftrace
+// bundles (FtraceEventBundle, one per CPU and run of events), from which
+// Perfetto draws its own CPU tracks and thread states.
+//
+//   PftraceSched sched(packet_sink);   // sink(bytes of one TracePacket body)
+//   sched.sched_switch(cpu, t, cur_tid, sw);  sched.sched_wake(...);
+//   sched.flush();                     // at the end: every bundle still open
+//
+// Compact form (CompactSched: columns of varints, timestamps as deltas from
+// the bundle's previous switch or waking) wherever it says the same as the
+// full one. A compact switch has no previous task: Perfetto takes the CPU's
+// last next_pid, so a switch is compact only when its prev_pid is that task;
+// a compact waking has no waker: Perfetto takes the CPU's current task, so
+// a waking is compact only when the task it fired in is that one. In a
+// recording of some processes (not -a), a switch-in by another process's
+// task is not recorded, and those events are written in full (FtraceEvent
+// with sched_switch or sched_waking, their pids as recorded). sched_wakeup
+// and sched_wakeup_new have no compact form and are always full.
+//
+// A bundle is written when it holds kMaxEvents events, when a timestamp
+// goes back (a delta is unsigned), and at flush().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "gilscan/perfdata/tp_kind.h"
+#include "gilscan/sched/sched_events.h"
+
+namespace gilscan {
+
+class PftraceSched {
+public:
+    // Receives each finished TracePacket's fields (without the Trace's own
+    // tag and length around them).
+    using PacketSink = std::function<void(std::string_view packet)>;
+    explicit PftraceSched(PacketSink sink) : sink_(std::move(sink)) {}
+
+    void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw);
+    void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w);
+    void flush();
+
+    uint64_t compact_events() const { return compact_; }
+    uint64_t full_events() const { return full_; }
+
+    static constexpr size_t kMaxEvents = 4096;
+    // Events of a recording without PERF_SAMPLE_CPU (cpu ~0u): one bundle,
+    // said to be CPU 0's, every event in full (no CPU's sequence to make
+    // compact ones from).
+    static constexpr uint32_t kNoCpu = ~0u;
+    // CPUs numbered below this are kept in a vector, others (a file's
+    // arbitrary number) in a map.
+    static constexpr uint32_t kIndexedCpus = 4096;
+
+private:
+    struct Bundle {
+        int32_t current = -1;  // the CPU's running task as Perfetto will see it; -1: unknown
+        uint64_t last_switch = 0, last_waking = 0;  // the previous compact timestamps
+        std::vector<uint64_t> switch_ts;
+        std::vector<int64_t> switch_prev_state;
+        std::vector<int32_t> switch_next_pid, switch_next_prio;
+        std::vector<uint32_t> switch_comm;
+        std::vector<uint64_t> waking_ts;
+        std::vector<int32_t> waking_pid, waking_target_cpu, waking_prio;
+        std::vector<uint32_t> waking_comm;
+        std::vector<std::string> comms;                   // intern_table
+        std::unordered_map<std::string, uint32_t> comm_index;
+        std::string full;  // FtraceEventBundle.event fields, encoded
+        size_t events = 0;
+        bool empty() const { return events == 0; }
+        // Empty again, the capacity kept; current stays.
+        void clear() {
+            switch_ts.clear(), switch_prev_state.clear(), switch_next_pid.clear(), switch_next_prio.clear();
+            switch_comm.clear(), waking_ts.clear(), waking_pid.clear(), waking_target_cpu.clear();
+            waking_prio.clear(), waking_comm.clear(), comms.clear(), comm_index.clear(), full.clear();
+            events = 0;
+        }
+    };
+    Bundle& bundle(uint32_t cpu);
+    uint32_t intern(Bundle& b, std::string_view comm);
+    void full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const SchedSwitch& sw);
+    void full_wake(Bundle& b, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w);
+    void counted(uint32_t cpu, Bundle& b);
+    void write(uint32_t cpu, Bundle& b);
+
+    PacketSink sink_;
+    std::vector<Bundle> cpus_;  // by CPU number, below kIndexedCpus
+    std::unordered_map<uint32_t, Bundle> other_cpus_;  // the rest, kNoCpu included
+    std::string packet_;
+    uint64_t compact_ = 0, full_ = 0;
+};
+
+}  // namespace gilscan

@@ -1,0 +1,169 @@
+// The scheduler's events as Perfetto ftrace bundles (pftrace_sched.h).
+// Field numbers are those of perfetto_trace.proto: FtraceEventBundle
+// (cpu 1, event 2, compact_sched 4), CompactSched (switch_timestamp 1 …
+// waking_common_flags 12, intern_table 5), FtraceEvent (timestamp 1, pid 2,
+// sched_switch 4, sched_wakeup 17, sched_waking 20, sched_wakeup_new 114).
+#include "gilscan/output/pftrace_sched.h"
+
+#include "gilscan/output/proto_encoder.h"
+
+namespace gilscan {
+
+namespace {
+
+// TracePacket.ftrace_events, FtraceEventBundle's fields, CompactSched's.
+constexpr uint32_t kFtraceEvents = 1;
+constexpr uint32_t kBundleCpu = 1, kBundleEvent = 2, kBundleCompact = 4;
+constexpr uint32_t kSwitchTimestamp = 1, kSwitchPrevState = 2, kSwitchNextPid = 3, kSwitchNextPrio = 4,
+                   kInternTable = 5, kSwitchNextComm = 6, kWakingTimestamp = 7, kWakingPid = 8,
+                   kWakingTargetCpu = 9, kWakingPrio = 10, kWakingComm = 11, kWakingCommonFlags = 12;
+// FtraceEvent's fields and its events' own.
+constexpr uint32_t kEventTimestamp = 1, kEventPid = 2, kEventSchedSwitch = 4, kEventSchedWakeup = 17,
+                   kEventSchedWaking = 20, kEventSchedWakeupNew = 114;
+
+// A packed repeated field of varints (int32 and int64 values as their
+// 64-bit two's complement, as protobuf writes them).
+template <class T>
+void packed(ProtoEncoder& e, uint32_t field, const std::vector<T>& values) {
+    if (values.empty()) return;
+    size_t len = 0;
+    for (T v : values) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(v)));
+    e.tag(field, ProtoEncoder::kLengthDelimited);
+    e.raw_varint(len);
+    std::string& out = e.out();
+    const size_t at = out.size();
+    out.resize(at + len);
+    char* p = out.data() + at;
+    for (T v : values) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(v)));
+}
+
+}  // namespace
+
+PftraceSched::Bundle& PftraceSched::bundle(uint32_t cpu) {
+    if (cpu < kIndexedCpus) {
+        if (cpu >= cpus_.size()) cpus_.resize(size_t{cpu} + 1);
+        return cpus_[cpu];
+    }
+    return other_cpus_[cpu];
+}
+
+uint32_t PftraceSched::intern(Bundle& b, std::string_view comm) {
+    auto [it, fresh] = b.comm_index.try_emplace(std::string(comm), static_cast<uint32_t>(b.comms.size()));
+    if (fresh) b.comms.emplace_back(comm);
+    return it->second;
+}
+
+void PftraceSched::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
+    Bundle& b = bundle(cpu);
+    if ((!b.switch_ts.empty() && t < b.last_switch) || (!b.waking_ts.empty() && t < b.last_waking)) write(cpu, b);
+    if (cpu != kNoCpu && b.current >= 0 && b.current == sw.prev_pid) {
+        b.switch_ts.push_back(b.switch_ts.empty() ? t : t - b.last_switch);
+        b.last_switch = t;
+        b.switch_prev_state.push_back(sw.prev_state);
+        b.switch_next_pid.push_back(sw.next_pid);
+        b.switch_next_prio.push_back(sw.next_prio);
+        b.switch_comm.push_back(intern(b, sw.next_comm));
+        ++compact_;
+    } else {
+        full_switch(b, t, cur_tid, sw);
+    }
+    b.current = sw.next_pid;  // what Perfetto takes the CPU's task to be, either way
+    counted(cpu, b);
+}
+
+void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
+    Bundle& b = bundle(cpu);
+    if ((!b.switch_ts.empty() && t < b.last_switch) || (!b.waking_ts.empty() && t < b.last_waking)) write(cpu, b);
+    if (cpu != kNoCpu && kind == TpKind::SchedWaking && b.current >= 0 && b.current == cur_tid) {
+        b.waking_ts.push_back(b.waking_ts.empty() ? t : t - b.last_waking);
+        b.last_waking = t;
+        b.waking_pid.push_back(w.pid);
+        b.waking_target_cpu.push_back(w.target_cpu);
+        b.waking_prio.push_back(w.prio);
+        b.waking_comm.push_back(intern(b, w.comm));
+        ++compact_;
+    } else {
+        full_wake(b, t, cur_tid, kind, w);
+    }
+    counted(cpu, b);
+}
+
+void PftraceSched::full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
+    ProtoEncoder e(b.full);
+    const size_t ev = e.begin(kBundleEvent);
+    e.varint(kEventTimestamp, t);
+    e.varint(kEventPid, static_cast<uint32_t>(cur_tid));
+    const size_t m = e.begin(kEventSchedSwitch);
+    e.string(1, sw.prev_comm);
+    e.int64(2, sw.prev_pid);
+    e.int64(3, sw.prev_prio);
+    e.int64(4, sw.prev_state);
+    e.string(5, sw.next_comm);
+    e.int64(6, sw.next_pid);
+    e.int64(7, sw.next_prio);
+    e.end(m);
+    e.end(ev);
+    ++full_;
+}
+
+void PftraceSched::full_wake(Bundle& b, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
+    ProtoEncoder e(b.full);
+    const size_t ev = e.begin(kBundleEvent);
+    e.varint(kEventTimestamp, t);
+    e.varint(kEventPid, static_cast<uint32_t>(cur_tid));
+    const uint32_t field = kind == TpKind::SchedWakeup      ? kEventSchedWakeup
+                           : kind == TpKind::SchedWakeupNew ? kEventSchedWakeupNew
+                                                            : kEventSchedWaking;
+    const size_t m = e.begin(field);
+    e.string(1, w.comm);
+    e.int64(2, w.pid);
+    e.int64(3, w.prio);
+    e.int64(4, 1);  // success: the tracepoints fire for wake-ups that happen
+    e.int64(5, w.target_cpu);
+    e.end(m);
+    e.end(ev);
+    ++full_;
+}
+
+void PftraceSched::counted(uint32_t cpu, Bundle& b) {
+    if (++b.events >= kMaxEvents) write(cpu, b);
+}
+
+// One TracePacket { ftrace_events { cpu, event…, compact_sched { … } } }; the
+// bundle is then empty (its CPU's current task kept).
+void PftraceSched::write(uint32_t cpu, Bundle& b) {
+    if (b.empty()) return;
+    packet_.clear();
+    ProtoEncoder e(packet_);
+    const size_t bundle_at = e.begin(kFtraceEvents);
+    e.varint(kBundleCpu, cpu == kNoCpu ? 0 : cpu);
+    e.out() += b.full;
+    if (!b.switch_ts.empty() || !b.waking_ts.empty()) {
+        const size_t c = e.begin(kBundleCompact);
+        for (const std::string& comm : b.comms) e.string(kInternTable, comm);
+        packed(e, kSwitchTimestamp, b.switch_ts);
+        packed(e, kSwitchPrevState, b.switch_prev_state);
+        packed(e, kSwitchNextPid, b.switch_next_pid);
+        packed(e, kSwitchNextPrio, b.switch_next_prio);
+        packed(e, kSwitchNextComm, b.switch_comm);
+        packed(e, kWakingTimestamp, b.waking_ts);
+        packed(e, kWakingPid, b.waking_pid);
+        packed(e, kWakingTargetCpu, b.waking_target_cpu);
+        packed(e, kWakingPrio, b.waking_prio);
+        packed(e, kWakingComm, b.waking_comm);
+        // common_flags: not in perf's samples; 0 says "not in an interrupt",
+        // so the waker is the CPU's task.
+        if (!b.waking_ts.empty()) packed(e, kWakingCommonFlags, std::vector<uint32_t>(b.waking_ts.size(), 0));
+        e.end(c);
+    }
+    e.end(bundle_at);
+    sink_(packet_);
+    b.clear();
+}
+
+void PftraceSched::flush() {
+    for (size_t cpu = 0; cpu < cpus_.size(); ++cpu) write(static_cast<uint32_t>(cpu), cpus_[cpu]);
+    for (auto& [cpu, b] : other_cpus_) write(cpu, b);
+}
+
+}  // namespace gilscan

@@ -1,0 +1,298 @@
+#!/usr/bin/python3
+"""gilscan -o x.pftrace on real recordings, read back the way Perfetto reads it.
+
+Usage: pftrace_e2e.py GILSCAN TESTDATA PERFETTO_TRACE_PROTO
+
+Each trace is decoded by protoc against Perfetto's schema (no field unknown to
+it), then parsed with the Python module protoc generates from that schema
+(python3-protobuf, hence Debian's /usr/bin/python3), and its meaning checked
+against two other readers of the same recording:
+- the scheduler: every sched_switch (CPU, ns, prev_pid, prev_state, next_pid)
+  and every wake-up (CPU, ns, kind, pid, target_cpu) that `perf script` prints
+  is in the trace exactly once, compact switches taking their previous task
+  from the CPU's last next_pid as Perfetto does, and nothing else is;
+- gilscan's tracks: the GIL waits and holds per thread, the holder slices
+  with their culprits, the waiter counters and the labelled sleeps equal the
+  same run's Chrome JSON trace, event for event, to the nanosecond;
+- every track's slices nest (no end without a begin, no partial overlap),
+  the names the process tree gives are the summary's, SystemInfo holds the
+  kernel release perf recorded, and --time keeps exactly the window's events.
+"""
+import collections
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import check, done  # noqa: E402
+
+gilscan, testdata, proto = sys.argv[1], sys.argv[2], sys.argv[3]
+tmp = tempfile.mkdtemp(prefix="gilscan-pftrace-")
+subprocess.run(["protoc", "-I", os.path.dirname(proto), "--python_out", tmp, os.path.basename(proto)], check=True)
+sys.path.insert(0, tmp)
+import perfetto_trace_pb2 as pb  # noqa: E402
+
+# prev_state letters as perf prints them (kernel >= 4.14 masks), as numbers.
+STATE = {"R": 0, "S": 1, "D": 2, "T": 4, "t": 8, "X": 16, "Z": 32, "P": 64, "I": 128, "R+": 256}
+GIL_ROW_BASE = 0x20000000
+
+
+def read_trace(path):
+    data = gzip.open(path, "rb").read() if path.endswith(".gz") else open(path, "rb").read()
+    t = pb.Trace()
+    t.ParseFromString(data)
+    return t, data
+
+
+def perf_sched(data, window=None):
+    """The recording's switches and wake-ups as perf script prints them."""
+    # Fields for tracepoints only: a CPU sample has no trace field.
+    out = subprocess.run(["perf", "script", "-i", data, "--ns", "-F", "trace:cpu,time,event,trace"],
+                         capture_output=True, text=True).stdout
+    switches, wakes = collections.Counter(), collections.Counter()
+    for line in out.splitlines():
+        m = re.match(r"\s*\[(\d+)\]\s+(\d+)\.(\d+):\s+sched:(\w+):\s+(.*)", line)
+        if not m:
+            continue
+        cpu, ns, kind, text = int(m.group(1)), int(m.group(2)) * 10**9 + int(m.group(3)), m.group(4), m.group(5)
+        if window and not (window[0] <= ns < window[1]):
+            continue
+        if kind == "sched_switch":
+            f = re.search(r"prev_pid=(\d+) .*prev_state=(\S+) ==> .*next_pid=(\d+)", text)
+            switches[(cpu, ns, int(f.group(1)), STATE[f.group(2)], int(f.group(3)))] += 1
+        elif kind in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
+            f = re.search(r"pid=(\d+) prio=\d+ target_cpu=(\d+)", text)
+            wakes[(cpu, ns, kind, int(f.group(1)), int(f.group(2)))] += 1
+    return switches, wakes
+
+
+def trace_sched(trace):
+    """Switches and wake-ups from the bundles, compact ones resolved as Perfetto does."""
+    per_cpu = collections.defaultdict(list)  # cpu -> [(ts, order, kind, fields)]
+    wakes = collections.Counter()
+    order = 0
+    for p in trace.packet:
+        if not p.HasField("ftrace_events"):
+            continue
+        b = p.ftrace_events
+        for e in b.event:
+            order += 1
+            if e.HasField("sched_switch"):
+                s = e.sched_switch
+                per_cpu[b.cpu].append((e.timestamp, order, "full", (s.prev_pid, s.prev_state, s.next_pid)))
+            for kind in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
+                if e.HasField(kind):
+                    w = getattr(e, kind)
+                    wakes[(b.cpu, e.timestamp, kind, w.pid, w.target_cpu)] += 1
+        c = b.compact_sched
+        ts = 0
+        for i, d in enumerate(c.switch_timestamp):
+            ts = d if i == 0 else ts + d
+            order += 1
+            per_cpu[b.cpu].append((ts, order, "compact", (c.switch_prev_state[i], c.switch_next_pid[i],
+                                                          c.intern_table[c.switch_next_comm_index[i]])))
+        ts = 0
+        for i, d in enumerate(c.waking_timestamp):
+            ts = d if i == 0 else ts + d
+            wakes[(b.cpu, ts, "sched_waking", c.waking_pid[i], c.waking_target_cpu[i])] += 1
+    switches, unresolved = collections.Counter(), 0
+    for cpu, events in per_cpu.items():
+        last_next = None
+        for ts, _, kind, f in sorted(events):
+            if kind == "full":
+                switches[(cpu, ts, f[0], f[1], f[2])] += 1
+                last_next = f[2]
+            elif last_next is None:
+                unresolved += 1
+            else:
+                switches[(cpu, ts, last_next, f[0], f[1])] += 1
+                last_next = f[1]
+    return switches, wakes, unresolved
+
+
+def trace_tracks(trace):
+    """gilscan's tracks: slices and counter values by track, and nesting problems."""
+    tracks, names, annotations = {}, {}, {}
+    processes = {}
+    slices, counters, problems = collections.Counter(), collections.Counter(), []
+    open_slices = collections.defaultdict(list)
+    events = []
+    for i, p in enumerate(trace.packet):
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            if d.HasField("process"):
+                processes[d.uuid] = d.process.pid
+            tracks[d.uuid] = d
+        if p.HasField("interned_data"):
+            for n in p.interned_data.event_names:
+                names[n.iid] = n.name
+            for n in p.interned_data.debug_annotation_names:
+                annotations[n.iid] = n.name
+        if p.HasField("track_event"):
+            # As Perfetto sorts: by timestamp, the file's order between equal ones.
+            events.append((p.timestamp, i, p.track_event, dict(names), dict(annotations)))
+    for ts, _, e, nm, an in sorted(events, key=lambda x: (x[0], x[1])):
+        d = tracks[e.track_uuid]
+        if d.HasField("thread"):
+            key = ("gil" if d.name == "GIL" else "thread", d.thread.pid, d.thread.tid)
+        else:
+            key = ("holder" if d.name.startswith("GIL holder") else "waiters", processes[d.parent_uuid], d.name)
+        if e.type == pb.TrackEvent.TYPE_COUNTER:
+            counters[(key, ts, e.counter_value)] += 1
+        elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            args = tuple(sorted((an[a.name_iid], a.string_value if a.HasField("string_value") else a.int_value)
+                                for a in e.debug_annotations))
+            open_slices[e.track_uuid].append((ts, nm[e.name_iid], args))
+        elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+            if not open_slices[e.track_uuid]:
+                problems.append(f"end without begin at {ts} on {key}")
+                continue
+            start, name, args = open_slices[e.track_uuid].pop()
+            if ts <= start:
+                problems.append(f"{name} at {start} on {key}: length {ts - start}")
+            slices[(key, name, start, ts, args)] += 1
+    problems += [f"open at the end on track {u}" for u, s in open_slices.items() if s]
+    return slices, counters, problems
+
+
+def json_tracks(path):
+    """The same from the JSON trace of the same run."""
+    events = json.load(open(path))["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    slices, counters = collections.Counter(), collections.Counter()
+    ns = lambda x: round(x * 1000)  # noqa: E731
+    for e in events:
+        a = e.get("args", {})
+        if e["ph"] == "C" and e["name"].startswith("GIL waiters"):
+            counters[(("waiters", e["pid"], e["name"]), ns(e["ts"]), a["waiting"])] += 1
+        if e["ph"] != "X":
+            continue
+        start, end = ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])
+        cut = (("cut_at_end", 1),) if a.get("cut_at_end") else ()
+        if e.get("cat") == "GIL state":
+            gil = (("gil", a["gil"]),) if "gil" in a else ()
+            key = ("gil", e["pid"], e["tid"] - GIL_ROW_BASE)
+            slices[(key, e["name"], start, end, tuple(sorted(gil + cut)))] += 1
+        elif e.get("cat") == "GIL holder":
+            args = (("holder", a["holder"]),) + ((("culprit", a["culprit"]),) if "culprit" in a else ())
+            key = ("holder", e["pid"], names[(e["pid"], e["tid"])])
+            slices[(key, e["name"], start, end, tuple(sorted(args)))] += 1
+        elif e["name"].startswith("S(GIL"):
+            args = [("state", a["state"]), ("evidence", a["evidence"])]
+            args += [("function", a["function"])] if "function" in a else []
+            args += [("waker", a["waker"])] if a.get("waker", 0) > 0 else []
+            slices[(("thread", e["pid"], e["tid"]), e["name"], start, end, tuple(sorted(args + list(cut))))] += 1
+    return slices, counters
+
+
+def decoded_cleanly(path):
+    """protoc's text of the file: it decodes, and no field is unknown to the schema."""
+    data = open(path, "rb").read()
+    if path.endswith(".gz"):
+        data = gzip.decompress(data)
+    r = subprocess.run(["protoc", "-I", os.path.dirname(proto), "--decode=perfetto.protos.Trace",
+                        os.path.basename(proto)], input=data, capture_output=True)
+    unknown = [l for l in r.stdout.decode(errors="replace").splitlines() if re.match(r"\s*\d+\s*[:{]", l)]
+    return r.returncode == 0 and not unknown, r.stderr.decode()[:200] + " ".join(unknown[:3])
+
+
+def os_release(data):
+    out = subprocess.run(["perf", "report", "--header-only", "-i", data], capture_output=True, text=True).stdout
+    m = re.search(r"# os release : (\S+)", out)
+    return m.group(1) if m else ""
+
+
+def check_recording(name, extra=(), suffix=".pftrace"):
+    data = os.path.join(testdata, name + ".data")
+    pf, js, summary = (os.path.join(tmp, name + s) for s in (suffix, ".json", ".summary.json"))
+    r1 = subprocess.run([gilscan, data, "-o", pf, "--summary-json", summary, *extra], capture_output=True, text=True)
+    r2 = subprocess.run([gilscan, data, "-o", js, *extra], capture_output=True, text=True)
+    check(r1.returncode == 0 and r2.returncode == 0, f"{name}: gilscan writes both traces ({r1.stderr[-300:]})")
+    if r1.returncode or r2.returncode:
+        return
+    ok, why = decoded_cleanly(pf)
+    check(ok, f"{name}: protoc decodes the trace with Perfetto's schema, no unknown field ({why})")
+    trace, raw = read_trace(pf)
+
+    switches, wakes, unresolved = trace_sched(trace)
+    want_switches, want_wakes = perf_sched(data)
+    check(unresolved == 0, f"{name}: every compact switch has a previous task on its CPU ({unresolved} not)")
+    check(switches == want_switches, f"{name}: the switches are perf script's ({sum(switches.values())} against "
+          f"{sum(want_switches.values())}; {list((switches - want_switches).items())[:2]} "
+          f"{list((want_switches - switches).items())[:2]})")
+    check(wakes == want_wakes, f"{name}: the wake-ups are perf script's ({sum(wakes.values())} against "
+          f"{sum(want_wakes.values())}; {list((wakes - want_wakes).items())[:2]} {list((want_wakes - wakes).items())[:2]})")
+
+    slices, counters, problems = trace_tracks(trace)
+    check(not problems, f"{name}: every track's slices begin, end and nest ({problems[:3]})")
+    want_slices, want_counters = json_tracks(js)
+    check(slices == want_slices, f"{name}: GIL waits, holds, holders and labelled sleeps are the JSON trace's "
+          f"({sum(slices.values())} against {sum(want_slices.values())}; {list((slices - want_slices).items())[:2]} "
+          f"{list((want_slices - slices).items())[:2]})")
+    check(counters == want_counters, f"{name}: the GIL waiter counts are the JSON trace's "
+          f"({sum(counters.values())} against {sum(want_counters.values())})")
+
+    threads = {t.tid: t.name for p in trace.packet if p.HasField("process_tree") for t in p.process_tree.threads}
+    want = {t["tid"]: t["comm"] for t in json.load(open(summary))["threads"]}
+    check(all(threads.get(tid) == comm for tid, comm in want.items()),
+          f"{name}: the process tree names every thread as the summary does")
+    info = [p.system_info for p in trace.packet if p.HasField("system_info")]
+    # (A pipe-mode recording's comes as a record: SystemInfo is then written last.)
+    check(len(info) == 1 and info[0].utsname.release == os_release(data) != "",
+          f"{name}: SystemInfo holds the recording's kernel release")
+    check(os.path.getsize(pf) < os.path.getsize(js), f"{name}: the .pftrace ({os.path.getsize(pf)} bytes) is smaller "
+          f"than the JSON trace ({os.path.getsize(js)})")
+    return {"switches": switches, "wakes": wakes, "slices": slices, "compact": sum(
+        len(p.ftrace_events.compact_sched.switch_timestamp) for p in trace.packet if p.HasField("ftrace_events"))}
+
+
+# Uprobes and scheduler events; scheduler-only system-wide; DWARF stacks (S(GIL)
+# from stacks); GIL blame on 3.12 -X perf and on Debian's stripped 3.11
+# (culprits); subinterpreters with their own GILs; a pipe-mode recording.
+results = {}
+for rec in ("gil_combined", "system_wide", "gil_stacks", "blame_py312", "blame_debian", "gil_subinterp", "pipe",
+            "stacks_py312_xperf"):
+    results[rec] = check_recording(rec)
+
+sw = results.get("system_wide")
+if sw:
+    check(sw["compact"] > sum(sw["switches"].values()) / 2,
+          f"system-wide: most switches are compact ({sw['compact']} of {sum(sw['switches'].values())})")
+blame = results.get("blame_py312")
+if blame:
+    culprits = [s for s in blame["slices"] if s[0][0] == "holder" and any(a[0] == "culprit" for a in s[4])]
+    check(len(culprits) > 10, f"blame_py312: holder slices carry their culprit ({len(culprits)})")
+gil = results.get("gil_combined")
+if gil:
+    check(any(s[0][0] == "gil" and s[1] == "GIL wait" for s in gil["slices"]), "gil_combined: GIL waits are drawn")
+
+# gzip'd, by its name: the same packets.
+gz = check_recording("gil_combined", suffix=".pftrace.gz")
+if gz and gil:
+    check(gz["slices"] == gil["slices"] and gz["switches"] == gil["switches"], ".pftrace.gz holds the same trace")
+
+# --time: exactly the window's scheduler events, and no slice outside it.
+data = os.path.join(testdata, "system_wide.data")
+full = os.path.join(tmp, "full.pftrace")
+part = os.path.join(tmp, "part.pftrace")
+subprocess.run([gilscan, data, "-o", full], check=True, capture_output=True)
+subprocess.run([gilscan, data, "-o", part, "--time", "0.05,0.1"], check=True, capture_output=True)
+all_sw, _, _ = trace_sched(read_trace(full)[0])
+part_sw, part_wakes, _ = trace_sched(read_trace(part)[0])
+# The window is in seconds from the recording's first sample: perf script's first line.
+first_line = subprocess.run(["perf", "script", "-i", data, "--ns", "-F", "time"], capture_output=True,
+                            text=True).stdout.split()[0].rstrip(":")
+first = int(first_line.split(".")[0]) * 10**9 + int(first_line.split(".")[1])
+window = (first + 50_000_000, first + 100_000_000)
+want_sw, want_wakes = perf_sched(data, window)
+check(part_sw == want_sw and 0 < len(part_sw) < len(all_sw),
+      f"--time 0.05,0.1: exactly the window's switches ({sum(part_sw.values())} against {sum(want_sw.values())}, "
+      f"of {sum(all_sw.values())})")
+check(part_wakes == want_wakes, f"--time 0.05,0.1: exactly the window's wake-ups ({sum(part_wakes.values())} "
+      f"against {sum(want_wakes.values())})")
+
+done("pftrace end to end")
