@@ -30,11 +30,9 @@ void packed(ProtoEncoder& e, uint32_t field, const std::vector<T>& values) {
     for (T v : values) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(v)));
     e.tag(field, ProtoEncoder::kLengthDelimited);
     e.raw_varint(len);
-    std::string& out = e.out();
-    const size_t at = out.size();
-    out.resize(at + len);
-    char* p = out.data() + at;
+    char* p = e.room(len);
     for (T v : values) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(v)));
+    e.advance(len);
 }
 
 }  // namespace
@@ -48,9 +46,11 @@ PftraceSched::Bundle& PftraceSched::bundle(uint32_t cpu) {
 }
 
 uint32_t PftraceSched::intern(Bundle& b, std::string_view comm) {
-    auto [it, fresh] = b.comm_index.try_emplace(std::string(comm), static_cast<uint32_t>(b.comms.size()));
-    if (fresh) b.comms.emplace_back(comm);
-    return it->second;
+    if (auto it = b.comm_index.find(comm); it != b.comm_index.end()) return it->second;
+    const auto index = static_cast<uint32_t>(b.comms.size());
+    b.comms.emplace_back(comm);
+    b.comm_index.emplace(std::string(comm), index);
+    return index;
 }
 
 void PftraceSched::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
@@ -72,6 +72,11 @@ void PftraceSched::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const
 }
 
 void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
+    saw_waking_ |= kind == TpKind::SchedWaking;
+    if (kind == TpKind::SchedWakeup && saw_waking_) {
+        ++dropped_wakeups_;
+        return;
+    }
     Bundle& b = bundle(cpu);
     if ((!b.switch_ts.empty() && t < b.last_switch) || (!b.waking_ts.empty() && t < b.last_waking)) write(cpu, b);
     if (cpu != kNoCpu && kind == TpKind::SchedWaking && b.current >= 0 && b.current == cur_tid) {
@@ -89,7 +94,7 @@ void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind 
 }
 
 void PftraceSched::full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
-    ProtoEncoder e(b.full);
+    ProtoEncoder& e = b.full;
     const size_t ev = e.begin(kBundleEvent);
     e.varint(kEventTimestamp, t);
     e.varint(kEventPid, static_cast<uint32_t>(cur_tid));
@@ -107,7 +112,7 @@ void PftraceSched::full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const Sch
 }
 
 void PftraceSched::full_wake(Bundle& b, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
-    ProtoEncoder e(b.full);
+    ProtoEncoder& e = b.full;
     const size_t ev = e.begin(kBundleEvent);
     e.varint(kEventTimestamp, t);
     e.varint(kEventPid, static_cast<uint32_t>(cur_tid));
@@ -134,10 +139,10 @@ void PftraceSched::counted(uint32_t cpu, Bundle& b) {
 void PftraceSched::write(uint32_t cpu, Bundle& b) {
     if (b.empty()) return;
     packet_.clear();
-    ProtoEncoder e(packet_);
+    ProtoEncoder& e = packet_;
     const size_t bundle_at = e.begin(kFtraceEvents);
     e.varint(kBundleCpu, cpu == kNoCpu ? 0 : cpu);
-    e.out() += b.full;
+    e.raw(b.full.view());
     if (!b.switch_ts.empty() || !b.waking_ts.empty()) {
         const size_t c = e.begin(kBundleCompact);
         for (const std::string& comm : b.comms) e.string(kInternTable, comm);
@@ -157,7 +162,7 @@ void PftraceSched::write(uint32_t cpu, Bundle& b) {
         e.end(c);
     }
     e.end(bundle_at);
-    sink_(packet_);
+    sink_(packet_.view());
     b.clear();
 }
 

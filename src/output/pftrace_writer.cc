@@ -4,33 +4,41 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "gilscan/gil/gil_probes.h"
-#include "gilscan/output/proto_encoder.h"
 
 namespace gilscan {
 
 namespace {
 
 // TracePacket.
-constexpr uint32_t kPacketTimestamp = 8, kPacketTrackEvent = 11, kPacketSequenceId = 10, kPacketInterned = 12,
-                   kPacketSequenceFlags = 13, kPacketTrackDescriptor = 60, kPacketProcessTree = 2,
-                   kPacketSystemInfo = 45;
-constexpr uint64_t kSeqIncrementalStateCleared = 1, kSeqNeedsIncrementalState = 2;
+constexpr uint32_t kPacketTimestamp = 8, kPacketClockId = 58, kPacketTrackEvent = 11, kPacketSequenceId = 10,
+                   kPacketInterned = 12, kPacketSequenceFlags = 13, kPacketDefaults = 59, kPacketClockSnapshot = 6,
+                   kPacketTrackDescriptor = 60, kPacketProcessTree = 2, kPacketSystemInfo = 45;
+constexpr uint64_t kSeqIncrementalStateCleared = 1;
 // TrackEvent.
-constexpr uint32_t kEventType = 9, kEventTrackUuid = 11, kEventNameIid = 10, kEventAnnotations = 4,
-                   kEventCounterValue = 30;
+constexpr uint32_t kEventType = 9, kEventNameIid = 10, kEventAnnotations = 4, kEventCounterValue = 30;
 // DebugAnnotation.
-constexpr uint32_t kAnnotationNameIid = 1, kAnnotationInt = 4, kAnnotationString = 6;
-// InternedData: event_names, debug_annotation_names (each { iid = 1, name = 2 }).
-constexpr uint32_t kInternedEventNames = 2, kInternedAnnotationNames = 3;
+constexpr uint32_t kAnnotationNameIid = 1, kAnnotationInt = 4, kAnnotationStringIid = 17;
+// InternedData: event_names and debug_annotation_names ({ iid 1, name 2 }),
+// debug_annotation_string_values ({ iid 1, str 2 }).
+constexpr uint32_t kInternedEventNames = 2, kInternedAnnotationNames = 3, kInternedStrings = 29;
 // TrackDescriptor, ProcessDescriptor, ThreadDescriptor.
 constexpr uint32_t kTrackUuid = 1, kTrackParent = 5, kTrackName = 2, kTrackProcess = 3, kTrackThread = 4,
                    kTrackCounter = 8;
-constexpr uint32_t kProcessPid = 1, kThreadPid = 1, kThreadTid = 2;
+// Iids of a sequence's own names and strings start here, past the fixed ones.
+constexpr uint64_t kFirstOwnIid = 64;
 
 uint64_t key_of(int32_t pid, int32_t id) {
     return (uint64_t{static_cast<uint32_t>(pid)} << 32) | static_cast<uint32_t>(id);
+}
+
+void interned_entry(ProtoEncoder& e, uint32_t list, uint64_t iid, std::string_view text) {
+    const size_t m = e.begin(list);
+    e.varint(1, iid);
+    e.string(2, text);
+    e.end(m);
 }
 
 }  // namespace
@@ -47,8 +55,7 @@ PftraceWriter::PftraceWriter(OutputFile& out, TraceOptions opt, const PftraceSys
 
 // SystemInfo { utsname { sysname 1, release 3, machine 4 }, num_cpus 8 }.
 void PftraceWriter::system_info(const PftraceSystem& sys) {
-    std::string p;
-    ProtoEncoder e(p);
+    ProtoEncoder e;
     const size_t info = e.begin(kPacketSystemInfo);
     const size_t uts = e.begin(1);
     e.string(1, "Linux");
@@ -57,7 +64,7 @@ void PftraceWriter::system_info(const PftraceSystem& sys) {
     e.end(uts);
     if (sys.nr_cpus) e.varint(8, sys.nr_cpus);
     e.end(info);
-    write_packet(p);
+    write_packet(e.view());
     system_info_written_ = true;
 }
 
@@ -78,40 +85,50 @@ void PftraceWriter::write_packet(std::string_view packet) {
     ++packets_;
 }
 
-uint64_t PftraceWriter::track(Track kind, int32_t pid, int32_t id) {
-    auto& map = tracks_[static_cast<size_t>(kind)];
-    if (auto it = map.find(key_of(pid, id)); it != map.end()) [[likely]]
-        return it->second;
-    // A child track's parent first: its descriptor names the parent's uuid.
-    if (kind == Track::Holder || kind == Track::Waiters) track(Track::Process, pid, pid);
-    const uint64_t uuid = next_uuid_++;
-    map.emplace(key_of(pid, id), uuid);
-    describe(kind, uuid, pid, id);
-    return uuid;
+PftraceWriter::Track& PftraceWriter::track(Kind kind, int32_t pid, int32_t id) {
+    const uint64_t key = key_of(pid, id);
+    const auto k = static_cast<uint8_t>(kind);
+    Slot& slot = recent_[(key ^ (key >> 29) ^ (key >> 41) ^ k) % recent_.size()];
+    if (slot.key == key && slot.kind == k) [[likely]]
+        return *slot.track;
+    auto& map = by_key_[k];
+    auto it = map.find(key);
+    if (it == map.end()) {
+        // A child track's parent first: its descriptor names the parent's uuid.
+        const uint64_t parent = kind == Kind::Holder || kind == Kind::Waiters ? track(Kind::Process, pid, pid).uuid : 0;
+        tracks_.push_back(std::make_unique<Track>());
+        Track& t = *tracks_.back();
+        t.uuid = tracks_.size();
+        // Sequence 0 is none, and 1 is left to other writers' conventions.
+        t.sequence = kind == Kind::Process ? 0 : static_cast<uint32_t>(t.uuid + 1);
+        it = map.emplace(key, &t).first;
+        describe(kind, t, pid, id, parent);
+    }
+    slot = {key, k, it->second};
+    return *it->second;
 }
 
 // TrackDescriptor packets: a process's track, a thread's own track, its
 // "GIL" track, a process's "GIL holder" slice track (id: the JSON trace's
 // holder row, gil_track_tid) and its "GIL waiters" counter (id: the GIL).
-void PftraceWriter::describe(Track kind, uint64_t uuid, int32_t pid, int32_t id) {
-    std::string p;
-    ProtoEncoder e(p);
+void PftraceWriter::describe(Kind kind, const Track& t, int32_t pid, int32_t id, uint64_t parent) {
+    ProtoEncoder e;
     const size_t d = e.begin(kPacketTrackDescriptor);
-    e.varint(kTrackUuid, uuid);
-    if (kind == Track::Process) {
+    e.varint(kTrackUuid, t.uuid);
+    if (kind == Kind::Process) {
         const size_t m = e.begin(kTrackProcess);
-        e.int64(kProcessPid, pid);
+        e.int64(1, pid);  // ProcessDescriptor.pid
         e.end(m);
-    } else if (kind == Track::Thread || kind == Track::GilRow) {
-        if (kind == Track::GilRow) e.string(kTrackName, "GIL");
+    } else if (kind == Kind::Thread || kind == Kind::GilRow) {
+        if (kind == Kind::GilRow) e.string(kTrackName, "GIL");
         const size_t m = e.begin(kTrackThread);
-        e.int64(kThreadPid, pid);
-        e.int64(kThreadTid, id);
+        e.int64(1, pid);  // ThreadDescriptor.pid, tid
+        e.int64(2, id);
         e.end(m);
     } else {
-        e.varint(kTrackParent, tracks_[static_cast<size_t>(Track::Process)].at(key_of(pid, pid)));
-        if (kind == Track::Holder) {
-            const uint32_t index = (static_cast<uint32_t>(id) - gil_track_tid(pid, 0)) >> 22;
+        e.varint(kTrackParent, parent);
+        if (kind == Kind::Holder) {
+            const uint32_t index = (static_cast<uint32_t>(id) - static_cast<uint32_t>(gil_track_tid(pid, 0))) >> 22;
             e.string(kTrackName, index ? "GIL holder (GIL " + std::to_string(index + 1) + ")" : "GIL holder");
         } else {
             e.string(kTrackName, id ? "GIL waiters (GIL " + std::to_string(id + 1) + ")" : "GIL waiters");
@@ -120,96 +137,134 @@ void PftraceWriter::describe(Track kind, uint64_t uuid, int32_t pid, int32_t id)
         }
     }
     e.end(d);
-    e.varint(kPacketSequenceId, kSequence);
-    write_packet(p);
+    write_packet(e.view());
 }
 
-uint64_t PftraceWriter::event_name(std::string_view name) {
-    auto [it, fresh] = event_names_.try_emplace(std::string(name), event_names_.size() + 1);
-    if (fresh) new_event_names_.emplace_back(it->second, name);
-    return it->second;
+// A sequence's first packet: its interned state cleared and the fixed names
+// interned; its defaults (the track, the incremental clock); the clock's
+// snapshot, at the track's first time on BOOTTIME, the trace's clock.
+void PftraceWriter::start_sequence(Track& t, uint64_t ts) {
+    ProtoEncoder& e = packet_;
+    e.clear();
+    e.varint(kPacketSequenceId, t.sequence);
+    e.varint(kPacketSequenceFlags, kSeqIncrementalStateCleared);
+    const size_t defaults = e.begin(kPacketDefaults);
+    e.varint(58, kTrackClock);  // TracePacketDefaults.timestamp_clock_id
+    const size_t te = e.begin(11);  // .track_event_defaults { track_uuid 11 }
+    e.varint(11, t.uuid);
+    e.end(te);
+    e.end(defaults);
+    const size_t snap = e.begin(kPacketClockSnapshot);
+    size_t c = e.begin(1);  // ClockSnapshot.clocks { clock_id 1, timestamp 2, is_incremental 3 }
+    e.varint(1, kBoottime);
+    e.varint(2, ts);
+    e.end(c);
+    c = e.begin(1);
+    e.varint(1, kTrackClock);
+    e.varint(2, ts);
+    e.boolean(3, true);
+    e.end(c);
+    e.varint(2, kBoottime);  // ClockSnapshot.primary_trace_clock
+    e.end(snap);
+    const size_t in = e.begin(kPacketInterned);
+    for (size_t i = 0; i < kEventNames.size(); ++i) interned_entry(e, kInternedEventNames, i + 1, kEventNames[i]);
+    for (size_t i = 0; i < kAnnotationNames.size(); ++i)
+        interned_entry(e, kInternedAnnotationNames, i + 1, kAnnotationNames[i]);
+    e.end(in);
+    write_packet(e.view());
+    t.started = true;
+    t.clock = ts;
+    t.next_iid = kFirstOwnIid;
 }
 
-uint64_t PftraceWriter::annotation_name(std::string_view name) {
-    auto [it, fresh] = annotation_names_.try_emplace(std::string(name), annotation_names_.size() + 1);
-    if (fresh) new_annotation_names_.emplace_back(it->second, name);
-    return it->second;
-}
-
-ProtoEncoder PftraceWriter::begin(uint64_t type, uint64_t track_uuid, uint64_t name_iid) {
+void PftraceWriter::begin(uint64_t type, uint64_t name_iid) {
     event_.clear();
-    ProtoEncoder e(event_);
-    e.varint(kEventType, type);
-    e.varint(kEventTrackUuid, track_uuid);
-    if (name_iid) e.varint(kEventNameIid, name_iid);
-    return e;
+    event_.varint(kEventType, type);
+    if (name_iid) event_.varint(kEventNameIid, name_iid);
 }
 
-void PftraceWriter::annotation(ProtoEncoder& e, std::string_view name, int64_t v) {
-    const uint64_t iid = annotation_name(name);
-    const size_t a = e.begin(kEventAnnotations);
-    e.varint(kAnnotationNameIid, iid);
-    e.int64(kAnnotationInt, v);
-    e.end(a);
+uint64_t PftraceWriter::event_name(Track& t, std::string_view name) {
+    for (size_t i = 0; i < kEventNames.size(); ++i)
+        if (kEventNames[i] == name) return i + 1;
+    if (auto it = t.names.find(name); it != t.names.end()) return it->second;
+    const uint64_t iid = t.next_iid++;
+    t.names.emplace(std::string(name), iid);
+    interned_entry(interned_, kInternedEventNames, iid, name);
+    return iid;
 }
 
-void PftraceWriter::annotation(ProtoEncoder& e, std::string_view name, std::string_view v) {
-    const uint64_t iid = annotation_name(name);
-    const size_t a = e.begin(kEventAnnotations);
-    e.varint(kAnnotationNameIid, iid);
-    e.string(kAnnotationString, v);
-    e.end(a);
-}
-
-// TracePacket { timestamp, track_event (event_), sequence id and flags,
-// interned_data with the names first used by this event }.
-void PftraceWriter::emit(uint64_t ts) {
-    packet_.clear();
-    ProtoEncoder e(packet_);
-    e.varint(kPacketTimestamp, ts);
-    e.bytes(kPacketTrackEvent, event_);
-    e.varint(kPacketSequenceId, kSequence);
-    e.varint(kPacketSequenceFlags, first_ ? kSeqIncrementalStateCleared : kSeqNeedsIncrementalState);
-    first_ = false;
-    if (!new_event_names_.empty() || !new_annotation_names_.empty()) {
-        const size_t in = e.begin(kPacketInterned);
-        for (const auto& [iid, name] : new_event_names_) {
-            const size_t m = e.begin(kInternedEventNames);
-            e.varint(1, iid);
-            e.string(2, name);
-            e.end(m);
-        }
-        for (const auto& [iid, name] : new_annotation_names_) {
-            const size_t m = e.begin(kInternedAnnotationNames);
-            e.varint(1, iid);
-            e.string(2, name);
-            e.end(m);
-        }
-        e.end(in);
-        new_event_names_.clear();
-        new_annotation_names_.clear();
+uint64_t PftraceWriter::holder_name(Track& t, int32_t holder) {
+    auto [it, fresh] = t.holders.try_emplace(holder, 0);
+    if (fresh) {
+        it->second = t.next_iid++;
+        interned_entry(interned_, kInternedEventNames, it->second, "GIL held by " + std::to_string(holder));
     }
-    write_packet(packet_);
+    return it->second;
 }
 
-void PftraceWriter::slice_end(uint64_t track_uuid, uint64_t ts) {
-    begin(kSliceEnd, track_uuid, 0);
-    emit(ts);
+void PftraceWriter::annotation(Annotation a, int64_t v) {
+    const size_t m = event_.begin(kEventAnnotations);
+    event_.varint(kAnnotationNameIid, a);
+    event_.int64(kAnnotationInt, v);
+    event_.end(m);
+}
+
+// A string value, interned in the track's sequence (culprits, evidence and
+// functions repeat from one slice to the next).
+void PftraceWriter::annotation(Track& t, Annotation a, std::string_view v) {
+    uint64_t iid;
+    if (auto it = t.strings.find(v); it != t.strings.end()) {
+        iid = it->second;
+    } else {
+        iid = t.next_iid++;
+        t.strings.emplace(std::string(v), iid);
+        interned_entry(interned_, kInternedStrings, iid, v);
+    }
+    const size_t m = event_.begin(kEventAnnotations);
+    event_.varint(kAnnotationNameIid, a);
+    event_.varint(kAnnotationStringIid, iid);
+    event_.end(m);
+}
+
+// TracePacket { timestamp (a delta on the track's clock, or BOOTTIME when
+// time would go back), sequence, track_event (event_), interned_data
+// (interned_: what this event used first) }.
+void PftraceWriter::emit(Track& t, uint64_t ts) {
+    if (!t.started) start_sequence(t, ts);
+    ProtoEncoder& e = packet_;
+    e.clear();
+    if (ts >= t.clock) [[likely]] {
+        e.varint(kPacketTimestamp, ts - t.clock);
+        t.clock = ts;
+    } else {
+        e.varint(kPacketTimestamp, ts);
+        e.varint(kPacketClockId, kBoottime);
+    }
+    e.varint(kPacketSequenceId, t.sequence);
+    e.bytes(kPacketTrackEvent, event_.view());
+    if (interned_.size()) {
+        e.bytes(kPacketInterned, interned_.view());
+        interned_.clear();
+    }
+    write_packet(e.view());
 }
 
 // Only labelled sleeps: a plain state ("S", "D", "R+", …) is drawn by
 // Perfetto from the scheduler's events.
 void PftraceWriter::span(const Span& s) {
     if (s.evidence.empty() || s.name == s.state || !filter_.wanted(s.tgid) || s.end <= s.start) return;
-    const uint64_t uuid = track(Track::Thread, s.tgid, s.tid);
-    ProtoEncoder e = begin(kSliceBegin, uuid, event_name(s.name));
-    annotation(e, "state", s.state);
-    annotation(e, "evidence", s.evidence);
-    if (!s.function.empty()) annotation(e, "function", s.function);
-    if (s.waker > 0) annotation(e, "waker", s.waker);
-    if (s.cut_at_end) annotation(e, "cut_at_end", 1);
-    emit(s.start);
-    slice_end(uuid, s.end);
+    Track& t = track(Kind::Thread, s.tgid, s.tid);
+    if (!t.started) start_sequence(t, s.start);
+    const uint64_t name = event_name(t, s.name);
+    begin(kSliceBegin, name);
+    annotation(t, kState, s.state);
+    annotation(t, kEvidence, s.evidence);
+    if (!s.function.empty()) annotation(t, kFunction, s.function);
+    if (s.waker > 0) annotation(kWaker, s.waker);
+    if (s.cut_at_end) annotation(kCutAtEnd, 1);
+    emit(t, s.start);
+    begin(kSliceEnd, 0);
+    emit(t, s.end);
 }
 
 void PftraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
@@ -219,30 +274,34 @@ void PftraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name)
 void PftraceWriter::gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns,
                              bool cut) {
     if (!filter_.wanted(pid) || end_ns <= start_ns) return;
-    const uint64_t uuid = track(Track::GilRow, pid, tid);
-    ProtoEncoder e = begin(kSliceBegin, uuid, event_name(what == GilSpan::Wait ? "GIL wait" : "LOCK"));
-    if (gil > 0) annotation(e, "gil", static_cast<int64_t>(gil) + 1);
-    if (cut) annotation(e, "cut_at_end", 1);
-    emit(start_ns);
-    slice_end(uuid, end_ns);
+    Track& t = track(Kind::GilRow, pid, tid);
+    begin(kSliceBegin, what == GilSpan::Wait ? 1 : 2);  // kEventNames
+    if (gil > 0) annotation(kGil, static_cast<int64_t>(gil) + 1);
+    if (cut) annotation(kCutAtEnd, 1);
+    emit(t, start_ns);
+    begin(kSliceEnd, 0);
+    emit(t, end_ns);
 }
 
 void PftraceWriter::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
                                std::string_view culprit) {
     if (!filter_.wanted(pid) || end_ns <= start_ns) return;
-    const uint64_t uuid = track(Track::Holder, pid, track_tid);
-    ProtoEncoder e = begin(kSliceBegin, uuid, event_name("GIL held by " + std::to_string(holder)));
-    annotation(e, "holder", holder);
-    if (!culprit.empty()) annotation(e, "culprit", culprit);
-    emit(start_ns);
-    slice_end(uuid, end_ns);
+    Track& t = track(Kind::Holder, pid, track_tid);
+    if (!t.started) start_sequence(t, start_ns);
+    begin(kSliceBegin, holder_name(t, holder));
+    annotation(kHolder, holder);
+    if (!culprit.empty()) annotation(t, kCulprit, culprit);
+    emit(t, start_ns);
+    begin(kSliceEnd, 0);
+    emit(t, end_ns);
 }
 
 void PftraceWriter::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
     if (!filter_.wanted(pid)) return;
-    ProtoEncoder e = begin(kCounter, track(Track::Waiters, pid, static_cast<int32_t>(gil)), 0);
-    e.int64(kEventCounterValue, waiting);
-    emit(ts_ns);
+    Track& t = track(Kind::Waiters, pid, static_cast<int32_t>(gil));
+    begin(kCounter, 0);
+    event_.int64(kEventCounterValue, waiting);
+    emit(t, ts_ns);
 }
 
 // ProcessTree { processes { pid 1, cmdline 3, cmdline_is_comm 9 },
@@ -256,8 +315,7 @@ void PftraceWriter::finish(const std::vector<const ThreadStats*>& threads, const
         if (t->tgid <= 0) continue;
         if (t->tid == t->tgid || !process_names.count(t->tgid)) process_names[t->tgid] = t->comm;
     }
-    std::string p;
-    ProtoEncoder e(p);
+    ProtoEncoder e;
     const size_t tree = e.begin(kPacketProcessTree);
     for (const auto& [pid, name] : process_names) {
         const size_t m = e.begin(1);
@@ -276,7 +334,7 @@ void PftraceWriter::finish(const std::vector<const ThreadStats*>& threads, const
         e.end(m);
     }
     e.end(tree);
-    write_packet(p);
+    write_packet(e.view());
 }
 
 }  // namespace gilscan

@@ -54,6 +54,7 @@ def perf_sched(data, window=None):
     out = subprocess.run(["perf", "script", "-i", data, "--ns", "-F", "trace:cpu,time,event,trace"],
                          capture_output=True, text=True).stdout
     switches, wakes = collections.Counter(), collections.Counter()
+    saw_waking = False
     for line in out.splitlines():
         m = re.match(r"\s*\[(\d+)\]\s+(\d+)\.(\d+):\s+sched:(\w+):\s+(.*)", line)
         if not m:
@@ -65,6 +66,11 @@ def perf_sched(data, window=None):
             f = re.search(r"prev_pid=(\d+) .*prev_state=(\S+) ==> .*next_pid=(\d+)", text)
             switches[(cpu, ns, int(f.group(1)), STATE[f.group(2)], int(f.group(3)))] += 1
         elif kind in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
+            # A sched_wakeup after the recording's first sched_waking is left
+            # out: Perfetto's runnable time starts at the waking.
+            saw_waking = saw_waking or kind == "sched_waking"
+            if kind == "sched_wakeup" and saw_waking:
+                continue
             f = re.search(r"pid=(\d+) prio=\d+ target_cpu=(\d+)", text)
             wakes[(cpu, ns, kind, int(f.group(1)), int(f.group(2)))] += 1
     return switches, wakes
@@ -115,9 +121,12 @@ def trace_sched(trace):
 
 
 def trace_tracks(trace):
-    """gilscan's tracks: slices and counter values by track, and nesting problems."""
-    tracks, names, annotations = {}, {}, {}
-    processes = {}
+    """gilscan's tracks: slices and counter values by track, and nesting problems.
+
+    Resolved as Perfetto does: each sequence's defaults (its track), its clock
+    (incremental from its clock snapshot, unless a packet names BOOTTIME) and
+    its interned names and strings, cleared by its first packet."""
+    tracks, processes, seqs = {}, {}, {}
     slices, counters, problems = collections.Counter(), collections.Counter(), []
     open_slices = collections.defaultdict(list)
     events = []
@@ -127,31 +136,49 @@ def trace_tracks(trace):
             if d.HasField("process"):
                 processes[d.uuid] = d.process.pid
             tracks[d.uuid] = d
+        seq = p.trusted_packet_sequence_id
+        if p.sequence_flags & 1:
+            q = seqs[seq] = {"names": {}, "annotations": {}, "strings": {}, "clock": None, "incremental": None,
+                             "track": p.trace_packet_defaults.track_event_defaults.track_uuid,
+                             "clock_id": p.trace_packet_defaults.timestamp_clock_id}
+            for c in p.clock_snapshot.clocks:
+                if c.is_incremental:
+                    q["incremental"], q["clock"] = c.clock_id, c.timestamp
         if p.HasField("interned_data"):
-            for n in p.interned_data.event_names:
-                names[n.iid] = n.name
-            for n in p.interned_data.debug_annotation_names:
-                annotations[n.iid] = n.name
+            q = seqs[seq]
+            q["names"].update({n.iid: n.name for n in p.interned_data.event_names})
+            q["annotations"].update({n.iid: n.name for n in p.interned_data.debug_annotation_names})
+            q["strings"].update({n.iid: n.str.decode() for n in p.interned_data.debug_annotation_string_values})
         if p.HasField("track_event"):
+            q, e = seqs[seq], p.track_event
+            clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else q["clock_id"]
+            if clock == q["incremental"]:
+                q["clock"] += p.timestamp
+                ts = q["clock"]
+            else:
+                ts = p.timestamp
+            args = tuple(sorted((q["annotations"][a.name_iid],
+                                 q["strings"][a.string_value_iid] if a.HasField("string_value_iid") else a.int_value)
+                                for a in e.debug_annotations))
+            name = q["names"][e.name_iid] if e.HasField("name_iid") else None
+            track = e.track_uuid if e.HasField("track_uuid") else q["track"]
             # As Perfetto sorts: by timestamp, the file's order between equal ones.
-            events.append((p.timestamp, i, p.track_event, dict(names), dict(annotations)))
-    for ts, _, e, nm, an in sorted(events, key=lambda x: (x[0], x[1])):
-        d = tracks[e.track_uuid]
+            events.append((ts, i, track, e.type, name, args, e.counter_value))
+    for ts, _, uuid, typ, name, args, value in sorted(events, key=lambda x: (x[0], x[1])):
+        d = tracks[uuid]
         if d.HasField("thread"):
             key = ("gil" if d.name == "GIL" else "thread", d.thread.pid, d.thread.tid)
         else:
             key = ("holder" if d.name.startswith("GIL holder") else "waiters", processes[d.parent_uuid], d.name)
-        if e.type == pb.TrackEvent.TYPE_COUNTER:
-            counters[(key, ts, e.counter_value)] += 1
-        elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
-            args = tuple(sorted((an[a.name_iid], a.string_value if a.HasField("string_value") else a.int_value)
-                                for a in e.debug_annotations))
-            open_slices[e.track_uuid].append((ts, nm[e.name_iid], args))
-        elif e.type == pb.TrackEvent.TYPE_SLICE_END:
-            if not open_slices[e.track_uuid]:
+        if typ == pb.TrackEvent.TYPE_COUNTER:
+            counters[(key, ts, value)] += 1
+        elif typ == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            open_slices[uuid].append((ts, name, args))
+        elif typ == pb.TrackEvent.TYPE_SLICE_END:
+            if not open_slices[uuid]:
                 problems.append(f"end without begin at {ts} on {key}")
                 continue
-            start, name, args = open_slices[e.track_uuid].pop()
+            start, name, args = open_slices[uuid].pop()
             if ts <= start:
                 problems.append(f"{name} at {start} on {key}: length {ts - start}")
             slices[(key, name, start, ts, args)] += 1

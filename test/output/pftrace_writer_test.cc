@@ -1,12 +1,14 @@
-// The .pftrace writer's packets, read back with the tests' protobuf reader:
-// descriptors before the events on their tracks, names interned once per
-// sequence, the sequence's flags, slices as begin/end pairs, counters, which
-// spans it writes, --pid, and the process tree.
+// The .pftrace writer's packets, read back with the tests' protobuf reader
+// and resolved as Perfetto resolves them (sequence defaults, incremental
+// clocks, interned names): descriptors before their sequences, slices as
+// begin/end pairs, counters, which spans it writes, --pid, the process tree.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
+#include <map>
 #include <iterator>
 #include <set>
 #include <string>
@@ -45,11 +47,58 @@ uint64_t field(std::string_view msg, uint32_t n) {
     return f.empty() ? ~uint64_t{0} : f[0].value;
 }
 
+// A track event as Perfetto reads it: its sequence's defaults (track),
+// clock (incremental from the snapshot) and interned names resolved.
+struct Event {
+    uint64_t track = 0, ts = 0, type = 0;
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> args;  // int values as text
+    int64_t counter = -1;
+};
+
 struct Written {
     std::vector<std::string> packets;
-    // uuid -> descriptor, and the order things appeared in.
-    std::vector<std::string> descriptors, events;
+    std::vector<std::string> descriptors;  // TrackDescriptor bodies, in order
+    std::vector<Event> events;
+    std::vector<uint64_t> raw_ts;  // the events' packets' own timestamp fields
+    size_t sequence_starts = 0;
 };
+
+struct Sequence {
+    uint64_t track = 0, clock = 0;
+    std::map<uint64_t, std::string> names, annotation_names, strings;
+};
+
+void read_interned(std::string_view in, Sequence& q) {
+    for (const auto& f : proto_fields(in)) {
+        auto& into = f.number == 2 ? q.names : f.number == 3 ? q.annotation_names : q.strings;
+        into[field(f.bytes, 1)] = std::string(fields_of(f.bytes, 2).at(0).bytes);
+    }
+}
+
+Event resolve(std::string_view packet, Sequence& q, Written& r) {
+    Event ev;
+    const uint64_t raw = field(packet, 8);
+    r.raw_ts.push_back(raw);
+    if (fields_of(packet, 58).empty()) {
+        q.clock += raw;
+        ev.ts = q.clock;
+    } else {
+        CHECK(field(packet, 58) == PftraceWriter::kBoottime);
+        ev.ts = raw;
+    }
+    const auto te = fields_of(packet, 11).at(0).bytes;
+    ev.track = q.track;
+    ev.type = field(te, 9);
+    if (!fields_of(te, 10).empty()) ev.name = q.names.at(field(te, 10));
+    if (!fields_of(te, 30).empty()) ev.counter = static_cast<int64_t>(field(te, 30));
+    for (const auto& a : fields_of(te, 4)) {
+        const std::string name = q.annotation_names.at(field(a.bytes, 1));
+        ev.args.emplace_back(name, fields_of(a.bytes, 17).empty() ? std::to_string(field(a.bytes, 4))
+                                                                  : q.strings.at(field(a.bytes, 17)));
+    }
+    return ev;
+}
 
 Written write(const std::function<void(PftraceWriter&)>& body, TraceOptions opt = {}) {
     const std::string path = temp_path();
@@ -69,16 +118,34 @@ Written write(const std::function<void(PftraceWriter&)>& body, TraceOptions opt 
     Written r;
     r.packets = packets_of(path);
     ::unlink(path.c_str());
+    std::map<uint64_t, Sequence> sequences;
+    std::set<uint64_t> described;
     for (const auto& p : r.packets) {
-        if (!fields_of(p, 60).empty()) r.descriptors.emplace_back(fields_of(p, 60)[0].bytes);
-        if (!fields_of(p, 11).empty()) r.events.push_back(p);
+        for (const auto& d : fields_of(p, 60)) {
+            r.descriptors.emplace_back(d.bytes);
+            described.insert(field(d.bytes, 1));
+        }
+        const uint64_t seq = field(p, 10);
+        if (field(p, 13) == 1) {  // SEQ_INCREMENTAL_STATE_CLEARED: defaults, clock, names
+            Sequence q;
+            const auto defaults = fields_of(p, 59).at(0).bytes;
+            CHECK(field(defaults, 58) == PftraceWriter::kTrackClock);
+            q.track = field(fields_of(defaults, 11).at(0).bytes, 11);
+            CHECK(described.count(q.track) == 1);  // described before its sequence starts
+            for (const auto& c : fields_of(fields_of(p, 6).at(0).bytes, 1))
+                if (field(c.bytes, 1) == PftraceWriter::kTrackClock) q.clock = field(c.bytes, 2);
+            sequences[seq] = q;
+            ++r.sequence_starts;
+        }
+        for (const auto& in : fields_of(p, 12)) read_interned(in.bytes, sequences.at(seq));
+        if (!fields_of(p, 11).empty()) r.events.push_back(resolve(p, sequences.at(seq), r));
     }
     return r;
 }
 
 }  // namespace
 
-TEST_CASE("pftrace: SystemInfo first, then descriptors before the events on their tracks") {
+TEST_CASE("pftrace: SystemInfo first, descriptors before their sequences, a child's parent its process") {
     const Written w = write([](PftraceWriter& pw) {
         pw.gil_waiters(100, 0, 1000, 2);
         pw.gil_span(100, 101, TraceSink::GilSpan::Wait, 0, 1000, 3000, false);
@@ -92,58 +159,55 @@ TEST_CASE("pftrace: SystemInfo first, then descriptors before the events on thei
     CHECK(fields_of(uts, 3).at(0).bytes == "6.1.0-test");
     CHECK(field(info[0].bytes, 8) == 4);
 
-    // Every event's track was described before it; a holder's and a
-    // counter's parent is the process's track.
-    std::set<uint64_t> described;
-    uint64_t process_uuid = 0;
-    for (const auto& p : w.packets) {
-        for (const auto& d : fields_of(p, 60)) {
-            described.insert(field(d.bytes, 1));
-            if (!fields_of(d.bytes, 3).empty()) process_uuid = field(d.bytes, 1);
-            if (!fields_of(d.bytes, 5).empty()) CHECK(field(d.bytes, 5) == process_uuid);
-        }
-        for (const auto& e : fields_of(p, 11)) CHECK(described.count(field(e.bytes, 11)) == 1);
-    }
     std::vector<std::string> names;
-    for (const auto& d : w.descriptors)
+    uint64_t process_uuid = 0;
+    for (const auto& d : w.descriptors) {
         if (!fields_of(d, 2).empty()) names.emplace_back(fields_of(d, 2)[0].bytes);
+        if (!fields_of(d, 3).empty()) process_uuid = field(d, 1);
+        if (!fields_of(d, 5).empty()) CHECK(field(d, 5) == process_uuid);
+    }
     CHECK(names == std::vector<std::string>{"GIL waiters", "GIL", "GIL holder (GIL 2)"});
     CHECK(w.descriptors.size() == 4);  // and the process's, unnamed
+    CHECK(w.sequence_starts == 3);     // one per track with events
+    REQUIRE(w.events.size() == 7);
+    CHECK(w.events[5].name == "GIL held by 101");
+    CHECK(w.events[6].type == 2);
+    CHECK(w.events[5].args == std::vector<std::pair<std::string, std::string>>{{"holder", "101"},
+                                                                               {"culprit", "spin (work.py)"}});
 }
 
-TEST_CASE("pftrace: slices are begin and end packets, names interned once, the sequence's flags") {
+TEST_CASE("pftrace: slices are begin and end packets on an incremental clock; a step back is absolute") {
     const Written w = write([](PftraceWriter& pw) {
         pw.gil_span(100, 101, TraceSink::GilSpan::Wait, 0, 1000, 3000, true);
         pw.gil_span(100, 101, TraceSink::GilSpan::Wait, 0, 5000, 6000, false);
         pw.gil_span(100, 101, TraceSink::GilSpan::Wait, 0, 7000, 7000, false);  // no length: not written
+        pw.gil_span(100, 101, TraceSink::GilSpan::Lock, 2, 5500, 5800, false);  // nested, closed later: back in time
         pw.gil_waiters(100, 0, 1000, 1);
     });
-    REQUIRE(w.events.size() == 5);
-    std::vector<uint64_t> ts, types, flags;
-    size_t interned_names = 0;
-    for (const auto& p : w.events) {
-        ts.push_back(field(p, 8));
-        types.push_back(field(fields_of(p, 11)[0].bytes, 9));
-        flags.push_back(field(p, 13));
-        CHECK(field(p, 10) == PftraceWriter::kSequence);
-        for (const auto& in : fields_of(p, 12)) interned_names += fields_of(in.bytes, 2).size();
+    REQUIRE(w.events.size() == 7);
+    std::vector<uint64_t> ts, types;
+    std::vector<std::string> names;
+    for (const Event& e : w.events) {
+        ts.push_back(e.ts);
+        types.push_back(e.type);
+        names.push_back(e.name);
     }
-    CHECK(ts == std::vector<uint64_t>{1000, 3000, 5000, 6000, 1000});
-    CHECK(types == std::vector<uint64_t>{1, 2, 1, 2, 4});
-    CHECK(flags == std::vector<uint64_t>{1, 2, 2, 2, 2});
-    CHECK(interned_names == 1);  // "GIL wait", in the first packet that uses it
-    const auto first = fields_of(w.events[0], 11)[0].bytes;
-    CHECK(field(first, 10) == 1);  // name_iid
-    const auto ann = fields_of(first, 4);
-    REQUIRE(ann.size() == 1);  // cut_at_end
-    CHECK(field(ann[0].bytes, 4) == 1);
-    CHECK(fields_of(fields_of(w.events[1], 11)[0].bytes, 10).empty());  // an end has no name
-    CHECK(field(fields_of(w.events[4], 11)[0].bytes, 30) == 1);         // counter_value
+    CHECK(ts == std::vector<uint64_t>{1000, 3000, 5000, 6000, 5500, 5800, 1000});
+    CHECK(types == std::vector<uint64_t>{1, 2, 1, 2, 1, 2, 4});
+    CHECK(names == std::vector<std::string>{"GIL wait", "", "GIL wait", "", "LOCK", "", ""});
+    // On the wire: deltas from the snapshot's 1000, then BOOTTIME for the step back.
+    CHECK(w.raw_ts == std::vector<uint64_t>{0, 2000, 2000, 1000, 5500, 5800, 0});
+    CHECK(w.events[0].args == std::vector<std::pair<std::string, std::string>>{{"cut_at_end", "1"}});
+    CHECK(w.events[4].args == std::vector<std::pair<std::string, std::string>>{{"gil", "3"}});
+    CHECK(w.events[6].counter == 1);
+    CHECK(w.events[0].track == w.events[5].track);
+    CHECK(w.events[0].track != w.events[6].track);
 }
 
-TEST_CASE("pftrace: only labelled sleeps of the timeline's spans, --pid, and the process tree") {
+TEST_CASE("pftrace: only labelled sleeps of the timeline's spans, strings interned once, --pid, the process tree") {
     TraceOptions opt;
     opt.pids = {100};
+    size_t string_entries = 0;
     const Written w = write(
         [](PftraceWriter& pw) {
             Span plain;
@@ -153,19 +217,25 @@ TEST_CASE("pftrace: only labelled sleeps of the timeline's spans, --pid, and the
             Span gil = plain;
             gil.name = "S(GIL)", gil.evidence = "inside take_gil (uprobe)", gil.function = "py::spin", gil.waker = 100;
             pw.span(gil);
+            gil.start = 30, gil.end = 40;
+            pw.span(gil);
             gil.tgid = 200;  // not asked for
             pw.span(gil);
             pw.gil_waiters(200, 0, 5, 1);
             pw.name_thread(100, 101, "worker-1");
         },
         opt);
-    REQUIRE(w.events.size() == 2);
-    const auto begin = fields_of(w.events[0], 11)[0].bytes;
-    std::vector<std::string> args;
-    for (const auto& a : fields_of(begin, 4))
-        args.emplace_back(fields_of(a.bytes, 6).empty() ? std::to_string(field(a.bytes, 4))
-                                                        : std::string(fields_of(a.bytes, 6)[0].bytes));
-    CHECK(args == std::vector<std::string>{"S", "inside take_gil (uprobe)", "py::spin", "100"});
+    REQUIRE(w.events.size() == 4);
+    CHECK(w.events[0].name == "S(GIL)");
+    CHECK(w.events[2].name == "S(GIL)");
+    CHECK(w.events[2].ts == 30);
+    CHECK(w.events[0].args == std::vector<std::pair<std::string, std::string>>{
+                                  {"state", "S"}, {"evidence", "inside take_gil (uprobe)"}, {"function", "py::spin"},
+                                  {"waker", "100"}});
+    CHECK(w.events[2].args == w.events[0].args);
+    for (const auto& p : w.packets)
+        for (const auto& in : fields_of(p, 12)) string_entries += fields_of(in.bytes, 29).size();
+    CHECK(string_entries == 3);  // "S", the evidence, the function: once each
 
     std::string tree;
     for (const auto& p : w.packets)

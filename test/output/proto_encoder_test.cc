@@ -18,7 +18,7 @@ using gilscan::test::proto_fields;
 
 namespace {
 
-std::string hex(const std::string& s) {
+std::string hex(std::string_view s) {
     static const char* d = "0123456789abcdef";
     std::string out;
     for (unsigned char c : s) {
@@ -32,78 +32,74 @@ std::string hex(const std::string& s) {
 }  // namespace
 
 TEST_CASE("proto encoder: scalars as protobuf's encoding guide writes them") {
-    std::string b;
-    ProtoEncoder e(b);
+    ProtoEncoder e;
     e.varint(1, 150);  // the guide's first example
-    CHECK(hex(b) == "08 96 01");
-    b.clear();
+    CHECK(hex(e.view()) == "08 96 01");
+    e.clear();
     e.string(2, "testing");
-    CHECK(hex(b) == "12 07 74 65 73 74 69 6e 67");
-    b.clear();
+    CHECK(hex(e.view()) == "12 07 74 65 73 74 69 6e 67");
+    e.clear();
     e.int64(4, -1);  // int32/int64 -1: ten bytes of two's complement
-    CHECK(hex(b) == "20 ff ff ff ff ff ff ff ff ff 01");
-    b.clear();
+    CHECK(hex(e.view()) == "20 ff ff ff ff ff ff ff ff ff 01");
+    e.clear();
     e.varint(58, 6);  // a two-byte tag (field 58: 58 << 3 = 464)
-    CHECK(hex(b) == "d0 03 06");
-    b.clear();
+    CHECK(hex(e.view()) == "d0 03 06");
+    e.clear();
     e.boolean(9, true);
     e.fixed64(47, 0x0102030405060708ull);
-    CHECK(hex(b) == "48 01 f9 02 08 07 06 05 04 03 02 01");
-    b.clear();
+    CHECK(hex(e.view()) == "48 01 f9 02 08 07 06 05 04 03 02 01");
+    e.clear();
     e.dbl(5, 1.0);
-    CHECK(hex(b) == "29 00 00 00 00 00 00 f0 3f");
-    b.clear();
+    CHECK(hex(e.view()) == "29 00 00 00 00 00 00 f0 3f");
+    e.clear();
     e.varint(1, 0);
     e.varint(1, ~uint64_t{0});
-    CHECK(hex(b) == "08 00 08 ff ff ff ff ff ff ff ff ff 01");
+    CHECK(hex(e.view()) == "08 00 08 ff ff ff ff ff ff ff ff ff 01");
 }
 
 TEST_CASE("proto encoder: nested messages get minimal lengths") {
-    std::string b;
-    ProtoEncoder e(b);
+    ProtoEncoder e;
     size_t m = e.begin(3);  // the guide's embedded message: 1a 03 08 96 01
     e.varint(1, 150);
     e.end(m);
-    CHECK(hex(b) == "1a 03 08 96 01");
+    CHECK(hex(e.view()) == "1a 03 08 96 01");
 
-    b.clear();
+    e.clear();
     m = e.begin(3);
     e.end(m);
-    CHECK(hex(b) == "1a 00");
+    CHECK(hex(e.view()) == "1a 00");
 
     // Nested twice, the inner one ending first.
-    b.clear();
+    e.clear();
     m = e.begin(1);
     const size_t inner = e.begin(2);
     e.varint(1, 1);
     e.end(inner);
     e.varint(3, 7);
     e.end(m);
-    CHECK(hex(b) == "0a 06 12 02 08 01 18 07");
+    CHECK(hex(e.view()) == "0a 06 12 02 08 01 18 07");
 
     // 200 bytes of body: a two-byte length (c8 01); 20000: three (a0 9c 01).
     for (size_t body : {size_t{127}, size_t{128}, size_t{200}, size_t{16383}, size_t{16384}, size_t{20000}}) {
-        b.clear();
+        e.clear();
         m = e.begin(2);
-        e.out().append(body, 'x');
+        e.raw(std::string(body, 'x'));
         e.end(m);
-        std::string want;
-        ProtoEncoder w(want);
+        ProtoEncoder w;
         w.bytes(2, std::string(body, 'x'));
-        CHECK(b == want);
-        CHECK(b.size() == 1 + ProtoEncoder::varint_size(body) + body);
+        CHECK(e.view() == w.view());
+        CHECK(e.size() == 1 + ProtoEncoder::varint_size(body) + body);
     }
 }
 
 TEST_CASE("proto encoder: the reader of the tests reads back what it wrote") {
-    std::string b;
-    ProtoEncoder e(b);
+    ProtoEncoder e;
     e.varint(8, 123456789012345ull);
     const size_t m = e.begin(11);
     e.varint(9, 1);
     e.string(23, "GIL wait");
     e.end(m);
-    const auto f = proto_fields(b);
+    const auto f = proto_fields(e.view());
     REQUIRE(f.size() == 2);
     CHECK(f[0].number == 8);
     CHECK(f[0].value == 123456789012345ull);
@@ -145,12 +141,14 @@ TEST_CASE("pftrace sched: compact where Perfetto infers the same, full where it 
     wk.comm = "a";
     w.sched.sched_wake(3, 2600, 20, TpKind::SchedWaking, wk);  // fired in the CPU's task: compact
     w.sched.sched_wake(3, 2700, 99, TpKind::SchedWaking, wk);  // in another task: full
-    w.sched.sched_wake(3, 2800, 20, TpKind::SchedWakeup, wk);  // sched_wakeup: always full
+    w.sched.sched_wake(3, 2800, 20, TpKind::SchedWakeup, wk);  // after a waking: left out
+    w.sched.sched_wake(3, 2900, 20, TpKind::SchedWakeupNew, wk);  // a new task's: full
     CHECK(w.packets.empty());
     w.sched.flush();
     REQUIRE(w.packets.size() == 1);
     CHECK(w.sched.compact_events() == 2);
     CHECK(w.sched.full_events() == 4);
+    CHECK(w.sched.dropped_wakeups() == 1);
 
     const auto bundle = fields_of(w.packets[0], 1);
     REQUIRE(bundle.size() == 1);
@@ -169,7 +167,7 @@ TEST_CASE("pftrace sched: compact where Perfetto infers the same, full where it 
     CHECK(fields_of(sw, 7).at(0).value == 110);
     CHECK(fields_of(events[1].bytes, 4).at(0).bytes.size() > 0);  // the third switch, full
     CHECK(fields_of(events[2].bytes, 20).size() == 1);             // waking in another task
-    CHECK(fields_of(events[3].bytes, 17).size() == 1);             // sched_wakeup
+    CHECK(fields_of(events[3].bytes, 114).size() == 1);            // sched_wakeup_new
 
     const auto compact = fields_of(bundle[0].bytes, 4).at(0).bytes;
     CHECK(fields_of(compact, 5).at(0).bytes == "c");                            // intern_table
@@ -181,6 +179,20 @@ TEST_CASE("pftrace sched: compact where Perfetto infers the same, full where it 
     CHECK(packed_varints(fields_of(compact, 8).at(0).bytes) == std::vector<uint64_t>{10});
     CHECK(packed_varints(fields_of(compact, 9).at(0).bytes) == std::vector<uint64_t>{1});
     CHECK(packed_varints(fields_of(compact, 12).at(0).bytes) == std::vector<uint64_t>{0});
+}
+
+TEST_CASE("pftrace sched: a sched_wakeup before any sched_waking is written, in full") {
+    Written w;
+    SchedWake wk;
+    wk.pid = 10;
+    wk.comm = "a";
+    w.sched.sched_wake(0, 100, 1, TpKind::SchedWakeup, wk);
+    w.sched.flush();
+    REQUIRE(w.packets.size() == 1);
+    const auto events = fields_of(fields_of(w.packets[0], 1).at(0).bytes, 2);
+    REQUIRE(events.size() == 1);
+    CHECK(fields_of(events[0].bytes, 17).size() == 1);
+    CHECK(w.sched.dropped_wakeups() == 0);
 }
 
 TEST_CASE("pftrace sched: deltas within a bundle, a new bundle when full or when time goes back") {

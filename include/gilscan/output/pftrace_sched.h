@@ -15,7 +15,11 @@
 // recording of some processes (not -a), a switch-in by another process's
 // task is not recorded, and those events are written in full (FtraceEvent
 // with sched_switch or sched_waking, their pids as recorded). sched_wakeup
-// and sched_wakeup_new have no compact form and are always full.
+// and sched_wakeup_new have no compact form and are written in full, except
+// a sched_wakeup once the recording has shown a sched_waking: perf records
+// both then, a wakeup follows each waking, and Perfetto's thread states
+// take the waking as the start of runnable time (as Perfetto's own traces,
+// which record sched_waking alone).
 //
 // A bundle is written when it holds kMaxEvents events, when a timestamp
 // goes back (a delta is unsigned), and at flush().
@@ -28,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gilscan/output/proto_encoder.h"
 #include "gilscan/perfdata/tp_kind.h"
 #include "gilscan/sched/sched_events.h"
 
@@ -46,6 +51,13 @@ public:
 
     uint64_t compact_events() const { return compact_; }
     uint64_t full_events() const { return full_; }
+    uint64_t dropped_wakeups() const { return dropped_wakeups_; }
+
+    // Heterogeneous lookup by string_view (no string made per event).
+    struct StringHash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
 
     static constexpr size_t kMaxEvents = 4096;
     // Events of a recording without PERF_SAMPLE_CPU (cpu ~0u): one bundle,
@@ -68,8 +80,8 @@ private:
         std::vector<int32_t> waking_pid, waking_target_cpu, waking_prio;
         std::vector<uint32_t> waking_comm;
         std::vector<std::string> comms;                   // intern_table
-        std::unordered_map<std::string, uint32_t> comm_index;
-        std::string full;  // FtraceEventBundle.event fields, encoded
+        std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> comm_index;
+        ProtoEncoder full;  // FtraceEventBundle.event fields, encoded
         size_t events = 0;
         bool empty() const { return events == 0; }
         // Empty again, the capacity kept; current stays.
@@ -90,8 +102,9 @@ private:
     PacketSink sink_;
     std::vector<Bundle> cpus_;  // by CPU number, below kIndexedCpus
     std::unordered_map<uint32_t, Bundle> other_cpus_;  // the rest, kNoCpu included
-    std::string packet_;
-    uint64_t compact_ = 0, full_ = 0;
+    ProtoEncoder packet_;
+    bool saw_waking_ = false;
+    uint64_t compact_ = 0, full_ = 0, dropped_wakeups_ = 0;
 };
 
 }  // namespace gilscan

@@ -15,20 +15,30 @@
 // - the scheduler's switches and wake-ups as ftrace bundles, compact where
 //   that is exact (pftrace_sched.h): Perfetto draws its own CPU tracks and
 //   thread states from them;
-// - gilscan's tracks, as track events on one packet sequence with interned
-//   names: per process a "GIL holder" slice track ("GIL held by H", args
-//   holder and culprit) and a "GIL waiters" counter, one per GIL; per
-//   thread a "GIL" track of its GIL waits and holds ("GIL wait", "LOCK"),
-//   and on the thread's own track its labelled sleeps ("S(GIL)", "S(GIL
-//   handoff)", args evidence, function, state, waker); the plain states are
-//   Perfetto's, from the scheduler's events;
+// - gilscan's tracks, as track events: per process a "GIL holder" slice
+//   track ("GIL held by H", args holder and culprit) and a "GIL waiters"
+//   counter, one per GIL; per thread a "GIL" track of its GIL waits and
+//   holds ("GIL wait", "LOCK"), and on the thread's own track its labelled
+//   sleeps ("S(GIL)", "S(GIL handoff)", args state, evidence, function,
+//   waker); the plain states are Perfetto's, from the scheduler's events;
 // - a ProcessTree at the end: every process and thread with its comm.
-// Timestamps are the recording's, unchanged, on every packet (Perfetto takes
-// them all to be one clock). A slice is a begin and an end packet, written
-// when the span closes; spans on one track come closed in time order, and
-// Perfetto keeps a file's order between packets of the same timestamp.
+//
+// Each track is a packet sequence of its own (as Perfetto's SDK writes a
+// thread's events), so that its events need neither their track nor their
+// full time: the sequence's first packet sets the track as default, clears
+// its interned state (the fixed names, interned once) and takes a clock
+// snapshot that starts an incremental clock at the track's first time;
+// every later packet's timestamp is the nanoseconds since the previous one.
+// Names and strings that repeat (holders, culprits, evidence) are interned
+// per sequence at first use. A slice is a begin and an end packet, written
+// when the span closes: spans on one track close in time order, so the
+// clock only goes forward; one that would go back is written with its time
+// on the trace's clock (BOOTTIME, as the ftrace data: the recording's own
+// timestamps, unchanged, on one clock throughout).
 #pragma once
 
+#include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -82,41 +92,67 @@ public:
 
     // TrackEvent's types (track_event.proto).
     static constexpr uint64_t kSliceBegin = 1, kSliceEnd = 2, kCounter = 4;
-    // The sequence of gilscan's own packets (interned names are per sequence).
-    static constexpr uint32_t kSequence = 1;
+    // The incremental clock of every track's sequence (64-127: sequence-scoped).
+    static constexpr uint32_t kTrackClock = 64;
+    static constexpr uint32_t kBoottime = 6;
+    // Names interned in every sequence's first packet (iid = index + 1):
+    // event names, then debug annotation names.
+    static constexpr std::array<std::string_view, 2> kEventNames{"GIL wait", "LOCK"};
+    enum Annotation : uint8_t { kGil = 1, kCutAtEnd, kHolder, kCulprit, kState, kEvidence, kFunction, kWaker };
+    static constexpr std::array<std::string_view, 8> kAnnotationNames{"gil",   "cut_at_end", "holder",   "culprit",
+                                                                      "state", "evidence",   "function", "waker"};
 
 private:
-    enum class Track : uint8_t { Process, Thread, GilRow, Holder, Waiters };
-    // A track's uuid; its descriptor is written the first time it is asked for.
-    uint64_t track(Track kind, int32_t pid, int32_t id);
+    enum class Kind : uint8_t { Process, Thread, GilRow, Holder, Waiters };
+    struct StringHash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
+    using StringIds = std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>>;
+    struct Track {
+        uint64_t uuid = 0;
+        uint32_t sequence = 0;  // trusted_packet_sequence_id; 0: a process track, no events of its own
+        bool started = false;   // its sequence's first packet written
+        uint64_t clock = 0;     // the incremental clock's value: the last packet's time
+        uint64_t next_iid = 0;  // the next iid of its own (after the fixed names)
+        StringIds names, strings;              // event names; annotation string values
+        std::unordered_map<int32_t, uint64_t> holders;  // "GIL held by H" by H
+    };
+    // A track's state; its descriptor is written the first time it is asked for.
+    Track& track(Kind kind, int32_t pid, int32_t id);
+    void describe(Kind kind, const Track& t, int32_t pid, int32_t id, uint64_t parent);
     void system_info(const PftraceSystem& sys);
-    void describe(Track kind, uint64_t uuid, int32_t pid, int32_t id);
-    // Interned event and debug annotation names: the iid, the name queued
-    // for the next packet's interned_data the first time.
-    uint64_t event_name(std::string_view name);
-    uint64_t annotation_name(std::string_view name);
 
-    // A track event: begin() starts it in event_, emit(ts) writes its packet.
-    ProtoEncoder begin(uint64_t type, uint64_t track_uuid, uint64_t name_iid);
-    void annotation(ProtoEncoder& e, std::string_view name, int64_t v);
-    void annotation(ProtoEncoder& e, std::string_view name, std::string_view v);
-    void emit(uint64_t ts);
-    void slice_end(uint64_t track_uuid, uint64_t ts);
+    // One track event: begin() starts the packet's TrackEvent in event_ (its
+    // interned additions go to interned_), emit() writes the packet at time
+    // ts. A track that interns names of its own starts its sequence first
+    // (start_sequence sets where its iids begin).
+    void begin(uint64_t type, uint64_t name_iid);
+    uint64_t event_name(Track& t, std::string_view name);
+    uint64_t holder_name(Track& t, int32_t holder);
+    void annotation(Annotation a, int64_t v);
+    void annotation(Track& t, Annotation a, std::string_view v);
+    void emit(Track& t, uint64_t ts);
+    void start_sequence(Track& t, uint64_t ts);
     // One TracePacket's fields, framed as Trace.packet (field 1).
     void write_packet(std::string_view packet);
 
     OutputFile& out_;
     TraceFilter filter_;
     PftraceSched sched_;
-    std::unordered_map<uint64_t, uint64_t> tracks_[5];  // (pid, id) -> uuid, by Track
-    uint64_t next_uuid_ = 1;
-    std::unordered_map<std::string, uint64_t> event_names_, annotation_names_;
-    std::vector<std::pair<uint64_t, std::string>> new_event_names_, new_annotation_names_;
+    std::vector<std::unique_ptr<Track>> tracks_;
+    std::array<std::unordered_map<uint64_t, Track*>, 5> by_key_;  // by Kind: (pid, id) -> its track
+    // In front of by_key_: the last track of each slot.
+    struct Slot {
+        uint64_t key = ~uint64_t{0};
+        uint8_t kind = 0xff;
+        Track* track = nullptr;
+    };
+    std::array<Slot, 1024> recent_{};
     std::unordered_map<uint64_t, std::string> thread_names_;  // name_thread()'s, by (pid, tid)
-    std::string event_, packet_;
-    bool first_ = true;
-    bool system_info_written_ = false;  // the sequence's first packet clears its incremental state
+    ProtoEncoder event_, interned_, packet_;  // interned_: InternedData's entries the next packet adds
     uint64_t packets_ = 0;
+    bool system_info_written_ = false;
 };
 
 }  // namespace gilscan

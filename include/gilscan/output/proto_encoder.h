@@ -1,13 +1,13 @@
-// ProtoEncoder — protocol buffers' wire format, appended to a byte string:
-// what the .pftrace writer (pftrace_writer.h) makes Perfetto's packets of.
-// No schema, no generated code: a field is its number and wire type.
+// ProtoEncoder — protocol buffers' wire format in a buffer of its own: what
+// the .pftrace writer (pftrace_writer.h) makes Perfetto's packets of. No
+// schema, no generated code: a field is its number and wire type.
 //
-//   std::string buf;
-//   ProtoEncoder e(buf);
+//   ProtoEncoder e;
 //   e.varint(8, ts);                 // TracePacket.timestamp
 //   size_t m = e.begin(11);          // TracePacket.track_event { ...
 //   e.varint(9, 1);                  //   type: TYPE_SLICE_BEGIN
 //   e.end(m);                        // }  (its length put in front, minimal)
+//   write(e.view());  e.clear();     // the bytes; the buffer kept for the next
 //
 // Wire types: 0 varint (int32/int64/uint*/bool/enum: a negative int32 or
 // int64 is its 64-bit two's complement, ten bytes), 1 fixed64/double,
@@ -16,9 +16,11 @@
 // leaves kLengthRoom bytes for it, end() writes the length's varint there
 // and moves the body back over what the varint did not use, so the bytes
 // are what any protobuf library writes (test/output/proto_encoder_test.cc
-// checks them byte by byte).
+// checks them byte by byte). Every write reserves its worst case once and
+// stores through a pointer: an event's dozen fields cost no appends.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -28,8 +30,6 @@ namespace gilscan {
 
 class ProtoEncoder {
 public:
-    explicit ProtoEncoder(std::string& out) : out_(out) {}
-
     static constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2;
     // Room left for a nested message's length: four varint bytes, up to
     // 2^28 - 1 bytes of body (a longer one is moved forward at its end).
@@ -52,25 +52,30 @@ public:
         *p++ = static_cast<char>(v);
         return p;
     }
+    static uint64_t key(uint32_t field, int wire) { return (uint64_t{field} << 3) | static_cast<uint64_t>(wire); }
 
-    void raw_varint(uint64_t v) {
-        char tmp[10];
-        out_.append(tmp, static_cast<size_t>(put_varint(tmp, v) - tmp));
+    std::string_view view() const { return {buf_.data(), n_}; }
+    size_t size() const { return n_; }
+    void clear() { n_ = 0; }
+
+    void raw_varint(uint64_t v) { n_ = static_cast<size_t>(put_varint(room(10), v) - buf_.data()); }
+    void raw(std::string_view s) {
+        std::memcpy(room(s.size()), s.data(), s.size());
+        n_ += s.size();
     }
-    void tag(uint32_t field, int wire) { raw_varint((uint64_t{field} << 3) | static_cast<uint64_t>(wire)); }
+    void tag(uint32_t field, int wire) { raw_varint(key(field, wire)); }
 
     void varint(uint32_t field, uint64_t v) {
-        tag(field, kVarint);
-        raw_varint(v);
+        char* p = put_varint(room(20), key(field, kVarint));
+        n_ = static_cast<size_t>(put_varint(p, v) - buf_.data());
     }
     // int32 and int64 fields: a negative value as its 64-bit two's complement.
     void int64(uint32_t field, int64_t v) { varint(field, static_cast<uint64_t>(v)); }
     void boolean(uint32_t field, bool v) { varint(field, v ? 1 : 0); }
     void fixed64(uint32_t field, uint64_t v) {
-        tag(field, kFixed64);
-        char b[8];
-        for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-        out_.append(b, 8);
+        char* p = put_varint(room(18), key(field, kFixed64));
+        for (int i = 0; i < 8; ++i) *p++ = static_cast<char>((v >> (8 * i)) & 0xff);
+        n_ = static_cast<size_t>(p - buf_.data());
     }
     void dbl(uint32_t field, double v) {
         uint64_t bits;
@@ -78,36 +83,48 @@ public:
         fixed64(field, bits);
     }
     void bytes(uint32_t field, std::string_view s) {
-        tag(field, kLengthDelimited);
-        raw_varint(s.size());
-        out_.append(s);
+        char* p = put_varint(room(20 + s.size()), key(field, kLengthDelimited));
+        p = put_varint(p, s.size());
+        std::memcpy(p, s.data(), s.size());
+        n_ = static_cast<size_t>(p - buf_.data()) + s.size();
     }
     void string(uint32_t field, std::string_view s) { bytes(field, s); }
 
     // A nested message (or a packed field): its tag now, its length at end().
     size_t begin(uint32_t field) {
         tag(field, kLengthDelimited);
-        const size_t at = out_.size();
-        out_.append(kLengthRoom, '\0');
+        const size_t at = n_;
+        std::memset(room(kLengthRoom), 0, kLengthRoom);
+        n_ += kLengthRoom;
         return at;
     }
     void end(size_t at) {
         const size_t body = at + kLengthRoom;
-        const size_t len = out_.size() - body;
+        const size_t len = n_ - body;
         char tmp[10];
-        const size_t n = static_cast<size_t>(put_varint(tmp, len) - tmp);
-        if (n > kLengthRoom) out_.insert(body, n - kLengthRoom, '\0');
-        std::memcpy(&out_[at], tmp, n);
-        if (n < kLengthRoom) {
-            std::memmove(&out_[at + n], &out_[body], len);
-            out_.resize(out_.size() - (kLengthRoom - n));
+        const size_t k = static_cast<size_t>(put_varint(tmp, len) - tmp);
+        if (k > kLengthRoom) {
+            room(k - kLengthRoom);
+            std::memmove(&buf_[body + (k - kLengthRoom)], &buf_[body], len);
+            n_ += k - kLengthRoom;
+        } else if (k < kLengthRoom) {
+            std::memmove(&buf_[at + k], &buf_[body], len);
+            n_ -= kLengthRoom - k;
         }
+        std::memcpy(&buf_[at], tmp, k);
     }
 
-    std::string& out() { return out_; }
+    // At least k writable bytes at the end; the caller advances n_ itself
+    // (through the writes above) or with advance().
+    char* room(size_t k) {
+        if (n_ + k > buf_.size()) buf_.resize(std::max(2 * buf_.size(), n_ + k + 256));
+        return buf_.data() + n_;
+    }
+    void advance(size_t k) { n_ += k; }
 
 private:
-    std::string& out_;
+    std::string buf_;
+    size_t n_ = 0;
 };
 
 }  // namespace gilscan
