@@ -68,7 +68,7 @@ gilscan::OptionTable analysis_table(Options& o) {
     using gilscan::cli_number;
     gilscan::OptionTable t("gilscan", "FILE [options]", kAbout);
     t.section("Outputs");
-    t.value("-o, --output", "FILE", "the Chrome trace JSON (\"-\": stdout; .gz/.zst: compressed)",
+    t.value("-o, --output", "FILE", "the trace: Chrome JSON, Perfetto's with .pftrace (\"-\": stdout; .gz/.zst: compressed)",
             [&](const std::string& v) { o.output = v; });
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { o.summary_json = v; });
     t.value("--html", "FILE", "a report to open in a browser: table, timeline, flame graphs (no network)",
