@@ -45,7 +45,9 @@ INTERVAL_TOLERANCE = 0.02
 # resident memory means nothing beside ASan's quarantine of freed memory.
 SANITIZED = "ASAN_OPTIONS" in os.environ
 WHOLE_TOLERANCE = 0.005     # the whole run's summary, as gilscan FILE's figures (and 1 ms)
-SWITCH = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):\s+\S*sched_switch:.*prev_pid=(\d+).*next_pid=(\d+)")
+SWITCH = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):\s+\S*sched_switch:.*prev_pid=(\d+).*prev_state=(\S+)"
+                    r".*next_pid=(\d+)")
+WAKING = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):\s+\S*sched_waking:.*\bpid=(\d+)")
 
 
 def own_groups():
@@ -53,10 +55,14 @@ def own_groups():
 
 
 def running_in(truth, windows, tids):
-    """Per window and tid: ns on a CPU, from the truth's sched_switch (system-wide: every switch)."""
+    """Per window and tid: ns on a CPU, from the truth's sched_switch (system-wide: every switch),
+    as a recording of the program sees it (docs/usage.md, gilscan top): a switch-in by another
+    process's task is not in it, so a thread preempted, or woken by one of the program's threads,
+    and then switched in by another process's task counts as running from the preemption or the
+    waking on."""
     text = subprocess.run(["perf", "script", "-i", truth, "--ns", "-F", "tid,time,event,trace"],
                           capture_output=True, text=True, check=True).stdout
-    since, out = {}, [dict.fromkeys(tids, 0) for _ in windows]
+    since, preempted, out = {}, {}, [dict.fromkeys(tids, 0) for _ in windows]
 
     def add(tid, a, b):
         for i, (lo, hi) in enumerate(windows):
@@ -64,15 +70,24 @@ def running_in(truth, windows, tids):
             if d > 0:
                 out[i][tid] += d
     for line in text.splitlines():
+        w = WAKING.match(line)
+        if w:
+            waker, wakee = int(w.group(1)), int(w.group(4))
+            if waker in tids and wakee in tids and wakee not in since:
+                preempted.setdefault(wakee, int(w.group(2)) * 10**9 + int(w.group(3)))
+            continue
         m = SWITCH.match(line)
         if not m:
             continue
         t = int(m.group(2)) * 10**9 + int(m.group(3))
-        prev, nxt = int(m.group(4)), int(m.group(5))
+        prev, state, nxt = int(m.group(4)), m.group(5), int(m.group(6))
         if prev in tids and prev in since:
             add(prev, since.pop(prev), t)
+        if prev in tids and state.startswith("R"):
+            preempted[prev] = t
         if nxt in tids:
-            since[nxt] = t
+            at = preempted.pop(nxt, t)
+            since[nxt] = t if prev in tids else at
     return out
 
 
@@ -85,7 +100,7 @@ def truth_gil(truth, lo, hi):
 def start_truth(tmp, group):
     data = os.path.join(tmp, "truth.data")
     p = subprocess.Popen(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", "-e", f"{group}:*",
-                          "-e", "sched:sched_switch", "-e", "sched:sched_process_exit", "-o", data], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          "-e", "sched:sched_switch", "-e", "sched:sched_waking", "-e", "sched:sched_process_exit", "-o", data], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # perf has opened its events on every CPU
     return p, data
 
