@@ -104,10 +104,7 @@ public:
 
 private:
     enum class Kind : uint8_t { Process, Thread, GilRow, Holder, Waiters };
-    struct StringHash {
-        using is_transparent = void;
-        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-    };
+    using StringHash = PftraceSched::StringHash;
     using StringIds = std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>>;
     struct Track {
         uint64_t uuid = 0;
