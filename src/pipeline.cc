@@ -266,8 +266,11 @@ void write_trace(Run& r, const FileSummary& summary) {
         r.trace_out->commit();
     }
     if (!r.trace) return;
-    TraceMeta meta{r.opt.display_name.empty() ? r.opt.input : r.opt.display_name, summary.clock, summary.hostname,
-                   summary.cmdline};
+    TraceMeta meta;
+    meta.source_file = r.opt.display_name.empty() ? r.opt.input : r.opt.display_name;
+    meta.clock = summary.clock;
+    meta.hostname = summary.hostname;
+    meta.cmdline = summary.cmdline;
     for (const auto& p : summary.gil_processes) {
         meta.holder_tracks.push_back({p.pid, gil_track_tid(p.pid, p.index),
                                       p.index ? "GIL holder (GIL " + std::to_string(p.index + 1) + ")" : "GIL holder"});

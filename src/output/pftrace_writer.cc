@@ -85,27 +85,47 @@ void PftraceWriter::write_packet(std::string_view packet) {
     ++packets_;
 }
 
+uint64_t PftraceWriter::SequenceStrings::find(std::string_view s) const {
+    for (const auto& [text, iid] : few_)
+        if (text.size() == s.size() && std::memcmp(text.data(), s.data(), s.size()) == 0) return iid;
+    if (many_.empty()) return 0;
+    auto it = many_.find(s);
+    return it == many_.end() ? 0 : it->second;
+}
+
+void PftraceWriter::SequenceStrings::add(std::string_view s, uint64_t iid) {
+    if (few_.size() < kScanned) few_.emplace_back(std::string(s), iid);
+    else many_.emplace(std::string(s), iid);
+}
+
+PftraceWriter::Slot& PftraceWriter::slot(uint8_t kind, uint64_t key) {
+    const size_t mask = by_key_.size() - 1;
+    size_t i = static_cast<size_t>(((key ^ (uint64_t{kind} << 61)) * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    while (by_key_[i].track && !(by_key_[i].key == key && by_key_[i].kind == kind)) i = (i + 1) & mask;
+    return by_key_[i];
+}
+
 PftraceWriter::Track& PftraceWriter::track(Kind kind, int32_t pid, int32_t id) {
     const uint64_t key = key_of(pid, id);
     const auto k = static_cast<uint8_t>(kind);
-    Slot& slot = recent_[(key ^ (key >> 29) ^ (key >> 41) ^ k) % recent_.size()];
-    if (slot.key == key && slot.kind == k) [[likely]]
-        return *slot.track;
-    auto& map = by_key_[k];
-    auto it = map.find(key);
-    if (it == map.end()) {
-        // A child track's parent first: its descriptor names the parent's uuid.
-        const uint64_t parent = kind == Kind::Holder || kind == Kind::Waiters ? track(Kind::Process, pid, pid).uuid : 0;
-        tracks_.push_back(std::make_unique<Track>());
-        Track& t = *tracks_.back();
-        t.uuid = tracks_.size();
-        // Sequence 0 is none, and 1 is left to other writers' conventions.
-        t.sequence = kind == Kind::Process ? 0 : static_cast<uint32_t>(t.uuid + 1);
-        it = map.emplace(key, &t).first;
-        describe(kind, t, pid, id, parent);
+    if (Slot& found = slot(k, key); found.track) [[likely]]
+        return *found.track;
+    // A child track's parent first: its descriptor names the parent's uuid.
+    const uint64_t parent = kind == Kind::Holder || kind == Kind::Waiters ? track(Kind::Process, pid, pid).uuid : 0;
+    tracks_.push_back(std::make_unique<Track>());
+    Track& t = *tracks_.back();
+    t.uuid = tracks_.size();
+    // Sequence 0 is none, and 1 is left to other writers' conventions.
+    t.sequence = kind == Kind::Process ? 0 : static_cast<uint32_t>(t.uuid + 1);
+    if (2 * tracks_.size() > by_key_.size()) {  // past half full: twice the size, every track placed again
+        std::vector<Slot> old(2 * by_key_.size());
+        old.swap(by_key_);
+        for (const Slot& o : old)
+            if (o.track) slot(o.kind, o.key) = o;
     }
-    slot = {key, k, it->second};
-    return *it->second;
+    slot(k, key) = {key, k, &t};
+    describe(kind, t, pid, id, parent);
+    return t;
 }
 
 // TrackDescriptor packets: a process's track, a thread's own track, its
@@ -186,19 +206,22 @@ void PftraceWriter::begin(uint64_t type, uint64_t name_iid) {
 uint64_t PftraceWriter::event_name(Track& t, std::string_view name) {
     for (size_t i = 0; i < kEventNames.size(); ++i)
         if (kEventNames[i] == name) return i + 1;
-    if (auto it = t.names.find(name); it != t.names.end()) return it->second;
+    if (const uint64_t known = t.names.find(name)) return known;
     const uint64_t iid = t.next_iid++;
-    t.names.emplace(std::string(name), iid);
+    t.names.add(name, iid);
     interned_entry(interned_, kInternedEventNames, iid, name);
     return iid;
 }
 
 uint64_t PftraceWriter::holder_name(Track& t, int32_t holder) {
+    if (t.last_holder_iid && t.last_holder == holder) return t.last_holder_iid;
     auto [it, fresh] = t.holders.try_emplace(holder, 0);
     if (fresh) {
         it->second = t.next_iid++;
         interned_entry(interned_, kInternedEventNames, it->second, "GIL held by " + std::to_string(holder));
     }
+    t.last_holder = holder;
+    t.last_holder_iid = it->second;
     return it->second;
 }
 
@@ -212,12 +235,10 @@ void PftraceWriter::annotation(Annotation a, int64_t v) {
 // A string value, interned in the track's sequence (culprits, evidence and
 // functions repeat from one slice to the next).
 void PftraceWriter::annotation(Track& t, Annotation a, std::string_view v) {
-    uint64_t iid;
-    if (auto it = t.strings.find(v); it != t.strings.end()) {
-        iid = it->second;
-    } else {
+    uint64_t iid = t.strings.find(v);
+    if (!iid) {
         iid = t.next_iid++;
-        t.strings.emplace(std::string(v), iid);
+        t.strings.add(v, iid);
         interned_entry(interned_, kInternedStrings, iid, v);
     }
     const size_t m = event_.begin(kEventAnnotations);

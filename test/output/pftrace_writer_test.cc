@@ -251,6 +251,62 @@ TEST_CASE("pftrace: only labelled sleeps of the timeline's spans, strings intern
     CHECK(field(threads[1].bytes, 3) == 100);
 }
 
+// Thousands of tracks (the lookup table grows past its first size) and
+// more strings on one track than its scanned list holds.
+TEST_CASE("pftrace: every event on its own thread's track among thousands; strings past the scanned few interned once") {
+    constexpr int kThreads = 3000, kRounds = 3, kCulprits = 40;
+    const Written w = write([](PftraceWriter& pw) {
+        for (int round = 0; round < kRounds; ++round)
+            for (int i = 0; i < kThreads; ++i) {
+                const uint64_t t = 1000 + 100 * static_cast<uint64_t>(round);
+                pw.gil_span(100 + i % 7, 10000 + i, TraceSink::GilSpan::Wait, 0, t, t + 10, false);
+                pw.gil_holder(100, gil_track_tid(100, 0), 10000 + i, t + 10 + i % 50, t + 11 + i % 50,
+                              "culprit " + std::to_string(i % kCulprits));
+            }
+    });
+    std::map<uint64_t, int64_t> tid_of;  // a GIL row's uuid -> its thread
+    uint64_t holder_track = 0;
+    for (const auto& d : w.descriptors) {
+        if (!fields_of(d, 4).empty()) {
+            CHECK(tid_of.count(field(d, 1)) == 0);
+            tid_of[field(d, 1)] = static_cast<int64_t>(field(fields_of(d, 4)[0].bytes, 2));
+        }
+        if (!fields_of(d, 2).empty() && fields_of(d, 2)[0].bytes == "GIL holder") holder_track = field(d, 1);
+    }
+    CHECK(tid_of.size() == kThreads);
+    size_t checked = 0, on_holder = 0;
+    for (size_t k = 0; k < w.events.size(); ++k) {
+        const Event& e = w.events[k];
+        if (e.track == holder_track) {
+            ++on_holder;
+            if (e.type == PftraceWriter::kSliceBegin) {
+                const auto tid = std::stoi(e.args.at(0).second);
+                CHECK(e.name == "GIL held by " + std::to_string(tid));
+                CHECK(e.args.at(1).second == "culprit " + std::to_string((tid - 10000) % kCulprits));
+            }
+            continue;
+        }
+        REQUIRE(tid_of.count(e.track) == 1);
+        if (e.type == PftraceWriter::kSliceBegin) {
+            // The events of thread i's wait, in order: the wait's begin and end, then the holder's two.
+            CHECK(e.name == "GIL wait");
+            CHECK(tid_of.at(e.track) == 10000 + static_cast<int64_t>((checked / 2) % kThreads));
+        }
+        ++checked;
+    }
+    CHECK(checked == 2 * kThreads * kRounds);
+    CHECK(on_holder == 2 * kThreads * kRounds);
+    size_t string_entries = 0, name_entries = 0;
+    for (const auto& p : w.packets)
+        for (const auto& in : fields_of(p, 12)) {
+            string_entries += fields_of(in.bytes, 29).size();
+            name_entries += fields_of(in.bytes, 2).size();
+        }
+    CHECK(string_entries == kCulprits);  // each culprit once, in the holder track's sequence
+    // The fixed names in each sequence's first packet, and each holder's once.
+    CHECK(name_entries == (kThreads + 1) * PftraceWriter::kEventNames.size() + kThreads);
+}
+
 TEST_CASE("pftrace: the file names that ask for it") {
     CHECK(is_pftrace_name("x.pftrace"));
     CHECK(is_pftrace_name("/a/b.perfetto-trace"));

@@ -104,15 +104,28 @@ public:
 
 private:
     enum class Kind : uint8_t { Process, Thread, GilRow, Holder, Waiters };
-    using StringHash = PftraceSched::StringHash;
-    using StringIds = std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>>;
+    // Strings interned in one sequence, by their iid: a short list scanned
+    // first (a track's few states, evidence texts and names), a hash map
+    // once there are more (a holder track's culprits).
+    class SequenceStrings {
+    public:
+        uint64_t find(std::string_view s) const;  // 0: not interned
+        void add(std::string_view s, uint64_t iid);
+
+    private:
+        static constexpr size_t kScanned = 16;
+        std::vector<std::pair<std::string, uint64_t>> few_;
+        std::unordered_map<std::string, uint64_t, PftraceSched::StringHash, std::equal_to<>> many_;
+    };
     struct Track {
         uint64_t uuid = 0;
         uint32_t sequence = 0;  // trusted_packet_sequence_id; 0: a process track, no events of its own
         bool started = false;   // its sequence's first packet written
         uint64_t clock = 0;     // the incremental clock's value: the last packet's time
         uint64_t next_iid = 0;  // the next iid of its own (after the fixed names)
-        StringIds names, strings;              // event names; annotation string values
+        SequenceStrings names, strings;        // event names; annotation string values
+        int32_t last_holder = 0;               // holders' the last one asked for, and its iid
+        uint64_t last_holder_iid = 0;
         std::unordered_map<int32_t, uint64_t> holders;  // "GIL held by H" by H
     };
     // A track's state; its descriptor is written the first time it is asked for.
@@ -138,14 +151,16 @@ private:
     TraceFilter filter_;
     PftraceSched sched_;
     std::vector<std::unique_ptr<Track>> tracks_;
-    std::array<std::unordered_map<uint64_t, Track*>, 5> by_key_;  // by Kind: (pid, id) -> its track
-    // In front of by_key_: the last track of each slot.
+    // (kind, pid, id) -> its track: open addressing, linear probing, a
+    // power-of-two table kept at most half full (a lookup per event: one
+    // probe, mostly).
     struct Slot {
-        uint64_t key = ~uint64_t{0};
-        uint8_t kind = 0xff;
-        Track* track = nullptr;
+        uint64_t key = 0;
+        uint8_t kind = 0;
+        Track* track = nullptr;  // null: an empty slot
     };
-    std::array<Slot, 1024> recent_{};
+    std::vector<Slot> by_key_ = std::vector<Slot>(4096);
+    Slot& slot(uint8_t kind, uint64_t key);  // its slot, or the empty one where it goes
     std::unordered_map<uint64_t, std::string> thread_names_;  // name_thread()'s, by (pid, tid)
     ProtoEncoder event_, interned_, packet_;  // interned_: InternedData's entries the next packet adds
     uint64_t packets_ = 0;
