@@ -523,4 +523,23 @@ with tempfile.TemporaryDirectory() as tmp:
         rc, loaded = loads_capstone("probe", "--print", "/usr/bin/python3.11")
         check(rc == 0 and loaded, "locating the GIL in stripped python3.11 loads libcapstone")
 
+    # The README's quick start: its gilscan command runs as written (from the
+    # source tree) and prints the blame rows the README shows.
+    root = os.path.join(DATA, "..")
+    readme = open(os.path.join(root, "README.md")).read()
+    start = readme.index("## Quick start")
+    first = readme[readme.index("```\n", start) + 4:].splitlines()[0]
+    check(first.startswith("scripts/build && build/gilscan "), f"quick start: build, then gilscan ({first!r})")
+    with tempfile.TemporaryDirectory() as qs:
+        argv = first.split(" && ", 1)[1].split()[1:]
+        argv = [a if a.startswith("-") or i == 0 or argv[i - 1] == "--perf-maps" else os.path.join(qs, a)
+                for i, a in enumerate(argv)]  # the files it writes, here
+        r = subprocess.run([GILSCAN, *argv], capture_output=True, text=True, cwd=root,
+                           env={**os.environ, "TMPDIR": qs})
+        check(r.returncode == 0 and os.path.getsize(os.path.join(qs, "trace.json")) > 0 and
+              os.path.getsize(os.path.join(qs, "report.html")) > 0, f"quick start: runs, writes its files ({r.stderr})")
+        shown = readme[readme.index("GIL blame: who held"):].split("```")[0].splitlines()[2:]
+        check(len(shown) >= 2 and all(row in r.stdout for row in shown),
+              f"quick start: prints the README's blame rows ({shown})")
+
 done("cli")
