@@ -22,7 +22,11 @@
 // which record sched_waking alone).
 //
 // A bundle is written when it holds kMaxEvents events, when a timestamp
-// goes back (a delta is unsigned), and at flush().
+// goes back (a delta is unsigned), and at flush(). kMaxEvents is small
+// enough that every CPU's open columns (ten per CPU, 64 CPUs and more)
+// stay within the caches as events are appended, and
+// large enough that a bundle's intern table, repeated in every bundle,
+// stays a small part of the file.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +63,7 @@ public:
         size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
     };
 
-    static constexpr size_t kMaxEvents = 4096;
+    static constexpr size_t kMaxEvents = 1024;
     // Events of a recording without PERF_SAMPLE_CPU (cpu ~0u): one bundle,
     // said to be CPU 0's, every event in full (no CPU's sequence to make
     // compact ones from).
