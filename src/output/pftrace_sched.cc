@@ -21,17 +21,17 @@ constexpr uint32_t kSwitchTimestamp = 1, kSwitchPrevState = 2, kSwitchNextPid = 
 constexpr uint32_t kEventTimestamp = 1, kEventPid = 2, kEventSchedSwitch = 4, kEventSchedWakeup = 17,
                    kEventSchedWaking = 20, kEventSchedWakeupNew = 114;
 
-// A packed repeated field of varints (int32 and int64 values as their
-// 64-bit two's complement, as protobuf writes them).
-template <class T>
-void packed(ProtoEncoder& e, uint32_t field, const std::vector<T>& values) {
-    if (values.empty()) return;
+// A packed repeated field of varints, one per row: field_of(row) (int32
+// and int64 values as their 64-bit two's complement, as protobuf writes them).
+template <class Row, class F>
+void packed(ProtoEncoder& e, uint32_t field, const std::vector<Row>& rows, F field_of) {
+    if (rows.empty()) return;
     size_t len = 0;
-    for (T v : values) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(v)));
+    for (const Row& r : rows) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
     e.tag(field, ProtoEncoder::kLengthDelimited);
     e.raw_varint(len);
     char* p = e.room(len);
-    for (T v : values) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(v)));
+    for (const Row& r : rows) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
     e.advance(len);
 }
 
@@ -55,14 +55,11 @@ uint32_t PftraceSched::intern(Bundle& b, std::string_view comm) {
 
 void PftraceSched::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
     Bundle& b = bundle(cpu);
-    if ((!b.switch_ts.empty() && t < b.last_switch) || (!b.waking_ts.empty() && t < b.last_waking)) write(cpu, b);
+    if ((!b.switches.empty() && t < b.last_switch) || (!b.wakings.empty() && t < b.last_waking)) write(cpu, b);
     if (cpu != kNoCpu && b.current >= 0 && b.current == sw.prev_pid) {
-        b.switch_ts.push_back(b.switch_ts.empty() ? t : t - b.last_switch);
+        const uint64_t ts = b.switches.empty() ? t : t - b.last_switch;
+        b.switches.push_back({ts, sw.prev_state, sw.next_pid, sw.next_prio, intern(b, sw.next_comm)});
         b.last_switch = t;
-        b.switch_prev_state.push_back(sw.prev_state);
-        b.switch_next_pid.push_back(sw.next_pid);
-        b.switch_next_prio.push_back(sw.next_prio);
-        b.switch_comm.push_back(intern(b, sw.next_comm));
         ++compact_;
     } else {
         full_switch(b, t, cur_tid, sw);
@@ -78,14 +75,11 @@ void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind 
         return;
     }
     Bundle& b = bundle(cpu);
-    if ((!b.switch_ts.empty() && t < b.last_switch) || (!b.waking_ts.empty() && t < b.last_waking)) write(cpu, b);
+    if ((!b.switches.empty() && t < b.last_switch) || (!b.wakings.empty() && t < b.last_waking)) write(cpu, b);
     if (cpu != kNoCpu && kind == TpKind::SchedWaking && b.current >= 0 && b.current == cur_tid) {
-        b.waking_ts.push_back(b.waking_ts.empty() ? t : t - b.last_waking);
+        const uint64_t ts = b.wakings.empty() ? t : t - b.last_waking;
+        b.wakings.push_back({ts, w.pid, w.target_cpu, w.prio, intern(b, w.comm)});
         b.last_waking = t;
-        b.waking_pid.push_back(w.pid);
-        b.waking_target_cpu.push_back(w.target_cpu);
-        b.waking_prio.push_back(w.prio);
-        b.waking_comm.push_back(intern(b, w.comm));
         ++compact_;
     } else {
         full_wake(b, t, cur_tid, kind, w);
@@ -143,22 +137,24 @@ void PftraceSched::write(uint32_t cpu, Bundle& b) {
     const size_t bundle_at = e.begin(kFtraceEvents);
     e.varint(kBundleCpu, cpu == kNoCpu ? 0 : cpu);
     e.raw(b.full.view());
-    if (!b.switch_ts.empty() || !b.waking_ts.empty()) {
+    if (!b.switches.empty() || !b.wakings.empty()) {
         const size_t c = e.begin(kBundleCompact);
         for (const std::string& comm : b.comms) e.string(kInternTable, comm);
-        packed(e, kSwitchTimestamp, b.switch_ts);
-        packed(e, kSwitchPrevState, b.switch_prev_state);
-        packed(e, kSwitchNextPid, b.switch_next_pid);
-        packed(e, kSwitchNextPrio, b.switch_next_prio);
-        packed(e, kSwitchNextComm, b.switch_comm);
-        packed(e, kWakingTimestamp, b.waking_ts);
-        packed(e, kWakingPid, b.waking_pid);
-        packed(e, kWakingTargetCpu, b.waking_target_cpu);
-        packed(e, kWakingPrio, b.waking_prio);
-        packed(e, kWakingComm, b.waking_comm);
+        using S = Bundle::Switch;
+        using W = Bundle::Waking;
+        packed(e, kSwitchTimestamp, b.switches, [](const S& r) { return r.ts; });
+        packed(e, kSwitchPrevState, b.switches, [](const S& r) { return r.prev_state; });
+        packed(e, kSwitchNextPid, b.switches, [](const S& r) { return r.next_pid; });
+        packed(e, kSwitchNextPrio, b.switches, [](const S& r) { return r.next_prio; });
+        packed(e, kSwitchNextComm, b.switches, [](const S& r) { return r.comm; });
+        packed(e, kWakingTimestamp, b.wakings, [](const W& r) { return r.ts; });
+        packed(e, kWakingPid, b.wakings, [](const W& r) { return r.pid; });
+        packed(e, kWakingTargetCpu, b.wakings, [](const W& r) { return r.target_cpu; });
+        packed(e, kWakingPrio, b.wakings, [](const W& r) { return r.prio; });
+        packed(e, kWakingComm, b.wakings, [](const W& r) { return r.comm; });
         // common_flags: not in perf's samples; 0 says "not in an interrupt",
         // so the waker is the CPU's task.
-        if (!b.waking_ts.empty()) packed(e, kWakingCommonFlags, std::vector<uint32_t>(b.waking_ts.size(), 0));
+        packed(e, kWakingCommonFlags, b.wakings, [](const W&) { return 0; });
         e.end(c);
     }
     e.end(bundle_at);

@@ -76,13 +76,21 @@ private:
     struct Bundle {
         int32_t current = -1;  // the CPU's running task as Perfetto will see it; -1: unknown
         uint64_t last_switch = 0, last_waking = 0;  // the previous compact timestamps
-        std::vector<uint64_t> switch_ts;
-        std::vector<int64_t> switch_prev_state;
-        std::vector<int32_t> switch_next_pid, switch_next_prio;
-        std::vector<uint32_t> switch_comm;
-        std::vector<uint64_t> waking_ts;
-        std::vector<int32_t> waking_pid, waking_target_cpu, waking_prio;
-        std::vector<uint32_t> waking_comm;
+        // The compact columns, a row per event (one append, one cache line);
+        // each column is written out at write().
+        struct Switch {
+            uint64_t ts;  // a delta from the previous (the first: absolute)
+            int64_t prev_state;
+            int32_t next_pid, next_prio;
+            uint32_t comm;  // index in comms
+        };
+        struct Waking {
+            uint64_t ts;
+            int32_t pid, target_cpu, prio;
+            uint32_t comm;
+        };
+        std::vector<Switch> switches;
+        std::vector<Waking> wakings;
         std::vector<std::string> comms;                   // intern_table
         std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> comm_index;
         ProtoEncoder full;  // FtraceEventBundle.event fields, encoded
@@ -90,9 +98,7 @@ private:
         bool empty() const { return events == 0; }
         // Empty again, the capacity kept; current stays.
         void clear() {
-            switch_ts.clear(), switch_prev_state.clear(), switch_next_pid.clear(), switch_next_prio.clear();
-            switch_comm.clear(), waking_ts.clear(), waking_pid.clear(), waking_target_cpu.clear();
-            waking_prio.clear(), waking_comm.clear(), comms.clear(), comm_index.clear(), full.clear();
+            switches.clear(), wakings.clear(), comms.clear(), comm_index.clear(), full.clear();
             events = 0;
         }
     };
