@@ -158,9 +158,8 @@ std::vector<TopView::BlameLine> TopView::blame_lines() const {
     return lines;
 }
 
-std::string TopView::text(size_t width, size_t height, const std::string& what) const {
-    std::string screen;
-    size_t rows = 0;
+// The heading and a line per GIL.
+void TopView::gil_text(std::string& screen, size_t& rows, size_t width, size_t height, const std::string& what) const {
     const uint64_t span = interval_ns();
     const double at = now_.start && now_.time > now_.start ? static_cast<double>(now_.time - now_.start) / 1e9 : 0;
     line(screen, rows, height, width,
@@ -176,6 +175,27 @@ std::string TopView::text(size_t width, size_t height, const std::string& what) 
     }
     if (!now_.gil_probes)
         line(screen, rows, height, width, "(no GIL uprobes: waits from the sleeps' stacks, holds not measured)");
+}
+
+// The interval's GIL blame table.
+void TopView::blame_text(std::string& screen, size_t& rows, size_t width, size_t height,
+                         const std::vector<BlameLine>& blame) const {
+    line(screen, rows, height, width, "");
+    line(screen, rows, height, width, "GIL blame, the last interval: held while others waited");
+    line(screen, rows, height, width, "  CONTENDED  ON CPU  OFF CPU  FUNCTION                        NATIVE");
+    if (blame.empty()) line(screen, rows, height, width, "  (no contended hold in this interval)");
+    for (const BlameLine& l : blame) {
+        char b[96];
+        std::snprintf(b, sizeof b, "  %6.1f ms %6.1f%% %7.1f%%  ", us(l.contended_ns) / 1000, pct(l.on_cpu_ns, l.contended_ns),
+                      pct(l.off_cpu_ns, l.contended_ns));
+        line(screen, rows, height, width, b + cell(l.row->function, 30) + "  " + l.row->native);
+    }
+}
+
+std::string TopView::text(size_t width, size_t height, const std::string& what) const {
+    std::string screen;
+    size_t rows = 0;
+    gil_text(screen, rows, width, height, what);
     line(screen, rows, height, width, "");
     line(screen, rows, height, width, "    TID  NAME              CPU%  GIL held%  GIL wait%");
     const std::vector<BlameLine> blame = blame_lines();
@@ -188,20 +208,10 @@ std::string TopView::text(size_t width, size_t height, const std::string& what) 
             line(screen, rows, height, width, "  ... " + std::to_string(threads.size() - shown) + " more threads");
             break;
         }
-        line(screen, rows, height, width, thread_line(t, span));
+        line(screen, rows, height, width, thread_line(t, interval_ns()));
         ++shown;
     }
-    if (!now_.blame) return screen;
-    line(screen, rows, height, width, "");
-    line(screen, rows, height, width, "GIL blame, the last interval: held while others waited");
-    line(screen, rows, height, width, "  CONTENDED  ON CPU  OFF CPU  FUNCTION                        NATIVE");
-    if (blame.empty()) line(screen, rows, height, width, "  (no contended hold in this interval)");
-    for (const BlameLine& l : blame) {
-        char b[96];
-        std::snprintf(b, sizeof b, "  %6.1f ms %6.1f%% %7.1f%%  ", us(l.contended_ns) / 1000, pct(l.on_cpu_ns, l.contended_ns),
-                      pct(l.off_cpu_ns, l.contended_ns));
-        line(screen, rows, height, width, b + cell(l.row->function, 30) + "  " + l.row->native);
-    }
+    if (now_.blame) blame_text(screen, rows, width, height, blame);
     return screen;
 }
 

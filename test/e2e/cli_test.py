@@ -525,7 +525,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # The README's quick start: its gilscan command runs as written (from the
     # source tree) and prints the blame rows the README shows.
-    root = os.path.join(DATA, "..")
+    root = os.path.abspath(os.path.join(DATA, ".."))
     readme = open(os.path.join(root, "README.md")).read()
     start = readme.index("## Quick start")
     first = readme[readme.index("```\n", start) + 4:].splitlines()[0]
@@ -534,7 +534,7 @@ with tempfile.TemporaryDirectory() as tmp:
         argv = first.split(" && ", 1)[1].split()[1:]
         argv = [a if a.startswith("-") or i == 0 or argv[i - 1] == "--perf-maps" else os.path.join(qs, a)
                 for i, a in enumerate(argv)]  # the files it writes, here
-        r = subprocess.run([GILSCAN, *argv], capture_output=True, text=True, cwd=root,
+        r = subprocess.run([os.path.abspath(GILSCAN), *argv], capture_output=True, text=True, cwd=root,
                            env={**os.environ, "TMPDIR": qs})
         check(r.returncode == 0 and os.path.getsize(os.path.join(qs, "trace.json")) > 0 and
               os.path.getsize(os.path.join(qs, "report.html")) > 0, f"quick start: runs, writes its files ({r.stderr})")

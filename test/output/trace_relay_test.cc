@@ -105,6 +105,16 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
     }
 }
 
+// The trace's metadata, as a recording's.
+TraceMeta test_meta() {
+    TraceMeta m;
+    m.source_file = "src.data";
+    m.clock = "CLOCK_MONOTONIC";
+    m.hostname = "host";
+    m.cmdline = "perf record";
+    return m;
+}
+
 enum class Mode { Direct, Relay, RelayWithHelper };
 
 // The trace file's bytes, written one way or the other.
@@ -148,7 +158,7 @@ std::string trace(Mode mode, const TraceOptions& opt, int n, uint64_t* by_others
             CHECK(relay.slabs_used() >= 1);
             CHECK(relay.slabs_used() <= 2);
         }
-        tw.finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});
+        tw.finish({}, test_meta());
         out.commit();
     }
     return slurp(path);
@@ -310,6 +320,6 @@ TEST_CASE("TraceRelay: the writer and the relay take whole cache lines, and the 
     relay->gil_waiters(7, 0, 2000, 2);
     relay->close();
     CHECK(writer->events_written() == 1);
-    writer->finish({}, {"src.data", "CLOCK_MONOTONIC", "host", "perf record"});
+    writer->finish({}, test_meta());
     out.commit();
 }

@@ -98,6 +98,10 @@ public:
     std::vector<BlameLine> blame_lines() const;
 
 private:
+    // Parts of text(): the heading and the GILs' lines; the blame table.
+    void gil_text(std::string& screen, size_t& rows, size_t width, size_t height, const std::string& what) const;
+    void blame_text(std::string& screen, size_t& rows, size_t width, size_t height,
+                    const std::vector<BlameLine>& blame) const;
     size_t blame_top_;
     bool have_now_ = false;
     LiveFigures before_, now_;
