@@ -23,10 +23,9 @@
 //
 // A bundle is written when it holds kMaxEvents events, when a timestamp
 // goes back (a delta is unsigned), and at flush(). kMaxEvents is small
-// enough that every CPU's open columns (ten per CPU, 64 CPUs and more)
-// stay within the caches as events are appended, and
-// large enough that a bundle's intern table, repeated in every bundle,
-// stays a small part of the file.
+// enough that every CPU's open bundle (64 CPUs and more) stays within the
+// caches as events are appended, and large enough that a bundle's intern
+// table, repeated in every bundle, stays a small part of the file.
 #pragma once
 
 #include <cstdint>
