@@ -365,8 +365,12 @@ std::string prepare(RecordRequest& q, const std::string& tracefs) {
 // program (thread_names.h) and perf support for stacks that name Python
 // functions. Returns how the run went.
 RunOutcome run_perf(const RecordRequest& q, const std::string& group) {
-    const std::vector<std::string> args =
-        perf_record_args(q.r.data_file, q.gil, q.state, q.stacks, group, q.blame);
+    std::vector<std::string> args = perf_record_args(q.r.data_file, q.gil, q.state, q.stacks, group, q.blame);
+    // Live (gilscan top): 8 MiB of ring buffer per CPU, where perf's default
+    // is 512 KiB, so a moment in which the analysis falls behind (a slow
+    // spell of the machine) does not make perf drop events. Root only: an
+    // unprivileged user's locked memory is limited (perf_event_mlock_kb).
+    if (q.target.live && ::geteuid() == 0) args.insert(args.begin() + 2, {"-m", "8M"});
     // CPython 3.12+ then writes /tmp/perf-PID.map (as under -X perf), which
     // names its trampolines; earlier Pythons ignore it, and the analysis
     // says no stack reached a named frame. A value the user set is kept (0
