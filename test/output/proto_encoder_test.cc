@@ -92,6 +92,25 @@ TEST_CASE("proto encoder: nested messages get minimal lengths") {
     }
 }
 
+TEST_CASE("proto encoder: sizes counted before writing are the sizes written") {
+    for (uint64_t v : {uint64_t{0}, uint64_t{1}, uint64_t{127}, uint64_t{128}, uint64_t{16383}, uint64_t{16384},
+                       (uint64_t{1} << 35) - 1, uint64_t{1} << 35, uint64_t{1} << 63, ~uint64_t{0}}) {
+        char buf[10];
+        CHECK(ProtoEncoder::varint_size(v) == static_cast<size_t>(ProtoEncoder::put_varint(buf, v) - buf));
+        for (uint32_t field : {1u, 15u, 16u, 58u, 2047u, 2048u}) {
+            ProtoEncoder e;
+            e.varint(field, v);
+            CHECK(ProtoEncoder::varint_field_size(field, v) == e.size());
+            if (v < 20000) {
+                e.clear();
+                e.bytes(field, std::string(v, 'x'));
+                CHECK(ProtoEncoder::bytes_field_size(field, v) == e.size());
+            }
+        }
+    }
+    CHECK(ProtoEncoder::varint_size(~uint64_t{0}) == 10);
+}
+
 TEST_CASE("proto encoder: the reader of the tests reads back what it wrote") {
     ProtoEncoder e;
     e.varint(8, 123456789012345ull);
@@ -224,6 +243,29 @@ TEST_CASE("pftrace sched: deltas within a bundle, a new bundle when full or when
           std::vector<uint64_t>{100000});
     CHECK(packed_varints(fields_of(fields_of(fields_of(w.packets[2], 1).at(0).bytes, 4).at(0).bytes, 1).at(0).bytes) ==
           std::vector<uint64_t>{90000});
+}
+
+TEST_CASE("pftrace sched: each compact event names its task's comm as it was then") {
+    // pid 5 renamed from one switch to the next; pid 69 on the same
+    // recent-comm slot (5 + 64), taking turns with pid 5 after that.
+    Written w;
+    w.sched.sched_switch(0, 100, 1, make_switch(1, 1, 5, "x"));  // full: starts the CPU's sequence
+    w.sched.sched_switch(0, 200, 5, make_switch(5, 1, 5, "b"));
+    w.sched.sched_switch(0, 300, 5, make_switch(5, 1, 5, "a"));
+    w.sched.sched_switch(0, 400, 5, make_switch(5, 1, 69, "c"));
+    w.sched.sched_switch(0, 500, 69, make_switch(69, 1, 5, "a"));
+    w.sched.sched_switch(0, 600, 5, make_switch(5, 1, 69, "c"));
+    w.sched.sched_switch(0, 700, 69, make_switch(69, 1, 69, "d"));
+    w.sched.flush();
+    REQUIRE(w.packets.size() == 1);
+    const auto compact = fields_of(fields_of(w.packets[0], 1).at(0).bytes, 4).at(0).bytes;
+    std::vector<std::string> table;
+    for (const auto& f : fields_of(compact, 5)) table.emplace_back(f.bytes);
+    CHECK(table == std::vector<std::string>{"b", "a", "c", "d"});  // each once
+    std::vector<std::string> comms;
+    for (uint64_t i : packed_varints(fields_of(compact, 6).at(0).bytes)) comms.push_back(table.at(i));
+    CHECK(comms == std::vector<std::string>{"b", "a", "c", "a", "c", "d"});
+    CHECK(packed_varints(fields_of(compact, 3).at(0).bytes) == std::vector<uint64_t>{5, 5, 69, 5, 69, 69});
 }
 
 TEST_CASE("pftrace sched: without a CPU every event is full, in one bundle said to be CPU 0's") {

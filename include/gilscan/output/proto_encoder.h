@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -35,16 +36,13 @@ public:
     // 2^28 - 1 bytes of body (a longer one is moved forward at its end).
     static constexpr size_t kLengthRoom = 4;
 
-    static size_t varint_size(uint64_t v) {
-        size_t n = 1;
-        while (v >= 0x80) {
-            v >>= 7;
-            ++n;
-        }
-        return n;
-    }
+    static size_t varint_size(uint64_t v) { return (static_cast<size_t>(std::bit_width(v | 1)) + 6) / 7; }
     // The varint of v at p (room for 10 bytes); returns the end.
     static char* put_varint(char* p, uint64_t v) {
+        if (v < 0x80) [[likely]] {  // most fields: a small number, a key
+            *p = static_cast<char>(v);
+            return p + 1;
+        }
         while (v >= 0x80) {
             *p++ = static_cast<char>((v & 0x7f) | 0x80);
             v >>= 7;
@@ -53,6 +51,15 @@ public:
         return p;
     }
     static uint64_t key(uint32_t field, int wire) { return (uint64_t{field} << 3) | static_cast<uint64_t>(wire); }
+    // The bytes of a varint field (its key and value), and of a
+    // length-delimited one of len bytes: for a message whose length is
+    // counted before it is written (no room left and moved back at end()).
+    static size_t varint_field_size(uint32_t field, uint64_t v) {
+        return varint_size(key(field, kVarint)) + varint_size(v);
+    }
+    static size_t bytes_field_size(uint32_t field, size_t len) {
+        return varint_size(key(field, kLengthDelimited)) + varint_size(len) + len;
+    }
 
     std::string_view view() const { return {buf_.data(), n_}; }
     size_t size() const { return n_; }
@@ -117,12 +124,15 @@ public:
     // At least k writable bytes at the end; the caller advances n_ itself
     // (through the writes above) or with advance().
     char* room(size_t k) {
-        if (n_ + k > buf_.size()) buf_.resize(std::max(2 * buf_.size(), n_ + k + 256));
+        if (n_ + k > buf_.size()) [[unlikely]]
+            grow(k);
         return buf_.data() + n_;
     }
     void advance(size_t k) { n_ += k; }
 
 private:
+    // Out of line: the writes above stay small enough to inline.
+    [[gnu::noinline]] void grow(size_t k) { buf_.resize(std::max(2 * buf_.size(), n_ + k + 256)); }
     std::string buf_;
     size_t n_ = 0;
 };
