@@ -6,6 +6,7 @@
 #include "gilscan/output/pftrace_sched.h"
 
 #include "gilscan/output/proto_encoder.h"
+#include "gilscan/perfdata/byte_buffer.h"
 
 namespace gilscan {
 
@@ -23,33 +24,63 @@ constexpr uint32_t kEventTimestamp = 1, kEventPid = 2, kEventSchedSwitch = 4, kE
 
 // A packed repeated field of varints, one per row: field_of(row) (int32
 // and int64 values as their 64-bit two's complement, as protobuf writes them).
-template <class Row, class F>
-void packed(ProtoEncoder& e, uint32_t field, const std::vector<Row>& rows, F field_of) {
+template <class Rows, class F>
+void packed(ProtoEncoder& e, uint32_t field, const Rows& rows, F field_of) {
     if (rows.empty()) return;
     size_t len = 0;
-    for (const Row& r : rows) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
+    for (const auto& r : rows) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
     e.tag(field, ProtoEncoder::kLengthDelimited);
     e.raw_varint(len);
     char* p = e.room(len);
-    for (const Row& r : rows) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
+    for (const auto& r : rows) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
     e.advance(len);
 }
 
 }  // namespace
 
 PftraceSched::Bundle& PftraceSched::bundle(uint32_t cpu) {
+    Bundle* b;
     if (cpu < kIndexedCpus) {
         if (cpu >= cpus_.size()) cpus_.resize(size_t{cpu} + 1);
-        return cpus_[cpu];
+        b = &cpus_[cpu];
+    } else {
+        b = &other_cpus_[cpu];
     }
-    return other_cpus_[cpu];
+    if (!b->switches.rows) [[unlikely]]
+        give_rows(*b);
+    return *b;
 }
 
-uint32_t PftraceSched::intern(Bundle& b, std::string_view comm) {
-    if (auto it = b.comm_index.find(comm); it != b.comm_index.end()) return it->second;
-    const auto index = static_cast<uint32_t>(b.comms.size());
-    b.comms.emplace_back(comm);
-    b.comm_index.emplace(std::string(comm), index);
+void PftraceSched::SlabFree::operator()(uint8_t* p) const {
+    HugeUninitAllocator<uint8_t>().deallocate(p, kSlabBytes);
+}
+
+void PftraceSched::give_rows(Bundle& b) {
+    static_assert(kRowBytes <= kSlabBytes && alignof(Bundle::Switch) <= 8 && alignof(Bundle::Waking) <= 8);
+    if (kSlabBytes - slab_used_ < kRowBytes) {
+        slabs_.emplace_back(HugeUninitAllocator<uint8_t>().allocate(kSlabBytes));
+        slab_used_ = 0;
+    }
+    uint8_t* at = slabs_.back().get() + slab_used_;
+    slab_used_ += kRowBytes;
+    // Rows of trivial types in aligned_alloc's memory (which creates them
+    // implicitly), each written before it is read.
+    b.switches.rows = static_cast<Bundle::Switch*>(static_cast<void*>(at));
+    b.wakings.rows = static_cast<Bundle::Waking*>(static_cast<void*>(at + kMaxEvents * sizeof(Bundle::Switch)));
+}
+
+uint32_t PftraceSched::intern(Bundle& b, int32_t pid, std::string_view comm) {
+    Bundle::Recent& r = b.recent[static_cast<uint32_t>(pid) % Bundle::kRecent];
+    if (r.pid == pid && b.comms[r.index] == comm) return r.index;
+    uint32_t index;
+    if (auto it = b.comm_index.find(comm); it != b.comm_index.end()) {
+        index = it->second;
+    } else {
+        index = static_cast<uint32_t>(b.comms.size());
+        b.comms.emplace_back(comm);
+        b.comm_index.emplace(std::string(comm), index);
+    }
+    r = {pid, index};
     return index;
 }
 
@@ -58,7 +89,7 @@ void PftraceSched::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const
     if ((!b.switches.empty() && t < b.last_switch) || (!b.wakings.empty() && t < b.last_waking)) write(cpu, b);
     if (cpu != kNoCpu && b.current >= 0 && b.current == sw.prev_pid) {
         const uint64_t ts = b.switches.empty() ? t : t - b.last_switch;
-        b.switches.push_back({ts, sw.prev_state, sw.next_pid, sw.next_prio, intern(b, sw.next_comm)});
+        b.switches.push_back({ts, sw.prev_state, sw.next_pid, sw.next_prio, intern(b, sw.next_pid, sw.next_comm)});
         b.last_switch = t;
         ++compact_;
     } else {
@@ -78,7 +109,7 @@ void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind 
     if ((!b.switches.empty() && t < b.last_switch) || (!b.wakings.empty() && t < b.last_waking)) write(cpu, b);
     if (cpu != kNoCpu && kind == TpKind::SchedWaking && b.current >= 0 && b.current == cur_tid) {
         const uint64_t ts = b.wakings.empty() ? t : t - b.last_waking;
-        b.wakings.push_back({ts, w.pid, w.target_cpu, w.prio, intern(b, w.comm)});
+        b.wakings.push_back({ts, w.pid, w.target_cpu, w.prio, intern(b, w.pid, w.comm)});
         b.last_waking = t;
         ++compact_;
     } else {

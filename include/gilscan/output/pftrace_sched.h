@@ -28,8 +28,10 @@
 // table, repeated in every bundle, stays a small part of the file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -88,21 +90,55 @@ private:
             int32_t pid, target_cpu, prio;
             uint32_t comm;
         };
-        std::vector<Switch> switches;
-        std::vector<Waking> wakings;
+        // Room for kMaxEvents rows each, in the writer's huge-page slabs
+        // (give_rows): a bundle never grows or moves them.
+        template <class Row>
+        struct Rows {
+            Row* rows = nullptr;
+            uint32_t n = 0;
+            bool empty() const { return n == 0; }
+            void push_back(const Row& r) { rows[n++] = r; }
+            void clear() { n = 0; }
+            const Row* begin() const { return rows; }
+            const Row* end() const { return rows + n; }
+        };
+        Rows<Switch> switches;
+        Rows<Waking> wakings;
         std::vector<std::string> comms;                   // intern_table
         std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> comm_index;
+        // The last index interned for a pid, by the pid's low bits: a task's
+        // comm mostly stays what it was, so most events find it here and
+        // need no hash (an entry is used only if its comm is still the same).
+        struct Recent {
+            int32_t pid = -1;
+            uint32_t index = 0;
+        };
+        static constexpr size_t kRecent = 64;
+        std::array<Recent, kRecent> recent{};
         ProtoEncoder full;  // FtraceEventBundle.event fields, encoded
         size_t events = 0;
         bool empty() const { return events == 0; }
         // Empty again, the capacity kept; current stays.
         void clear() {
             switches.clear(), wakings.clear(), comms.clear(), comm_index.clear(), full.clear();
+            recent.fill(Recent{});
             events = 0;
         }
     };
     Bundle& bundle(uint32_t cpu);
-    uint32_t intern(Bundle& b, std::string_view comm);
+    // A new bundle's rows, from the current slab (a new one when it is full).
+    // One 2 MiB slab on a huge page holds the rows of 36 CPUs: the rows are
+    // touched once per event, and first touches of small pages are what
+    // a fresh bundle's memory cost most (a page fault per 4 KiB).
+    void give_rows(Bundle& b);
+    static constexpr size_t kRowBytes = kMaxEvents * (sizeof(Bundle::Switch) + sizeof(Bundle::Waking));
+    static constexpr size_t kSlabBytes = 2u << 20;
+    struct SlabFree {
+        void operator()(uint8_t* p) const;
+    };
+    std::vector<std::unique_ptr<uint8_t, SlabFree>> slabs_;
+    size_t slab_used_ = kSlabBytes;  // the current slab's bytes given out
+    uint32_t intern(Bundle& b, int32_t pid, std::string_view comm);
     void full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const SchedSwitch& sw);
     void full_wake(Bundle& b, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w);
     void counted(uint32_t cpu, Bundle& b);
