@@ -12,7 +12,8 @@ namespace gilscan {
 
 namespace {
 
-// TracePacket.
+// Trace.packet; TracePacket.
+constexpr uint32_t kTracePacket = 1;
 constexpr uint32_t kPacketTimestamp = 8, kPacketClockId = 58, kPacketTrackEvent = 11, kPacketSequenceId = 10,
                    kPacketInterned = 12, kPacketSequenceFlags = 13, kPacketDefaults = 59, kPacketClockSnapshot = 6,
                    kPacketTrackDescriptor = 60, kPacketProcessTree = 2, kPacketSystemInfo = 45;
@@ -29,10 +30,6 @@ constexpr uint32_t kTrackUuid = 1, kTrackParent = 5, kTrackName = 2, kTrackProce
                    kTrackCounter = 8;
 // Iids of a sequence's own names and strings start here, past the fixed ones.
 constexpr uint64_t kFirstOwnIid = 64;
-
-uint64_t key_of(int32_t pid, int32_t id) {
-    return (uint64_t{static_cast<uint32_t>(pid)} << 32) | static_cast<uint32_t>(id);
-}
 
 void interned_entry(ProtoEncoder& e, uint32_t list, uint64_t iid, std::string_view text) {
     const size_t m = e.begin(list);
@@ -98,18 +95,10 @@ void PftraceWriter::SequenceStrings::add(std::string_view s, uint64_t iid) {
     else many_.emplace(std::string(s), iid);
 }
 
-PftraceWriter::Slot& PftraceWriter::slot(uint8_t kind, uint64_t key) {
-    const size_t mask = by_key_.size() - 1;
-    size_t i = static_cast<size_t>(((key ^ (uint64_t{kind} << 61)) * 0x9E3779B97F4A7C15ull) >> 32) & mask;
-    while (by_key_[i].track && !(by_key_[i].key == key && by_key_[i].kind == kind)) i = (i + 1) & mask;
-    return by_key_[i];
-}
-
-PftraceWriter::Track& PftraceWriter::track(Kind kind, int32_t pid, int32_t id) {
+// A track not asked for before: its state, its slot, its descriptor.
+PftraceWriter::Track& PftraceWriter::new_track(Kind kind, int32_t pid, int32_t id) {
     const uint64_t key = key_of(pid, id);
     const auto k = static_cast<uint8_t>(kind);
-    if (Slot& found = slot(k, key); found.track) [[likely]]
-        return *found.track;
     // A child track's parent first: its descriptor names the parent's uuid.
     const uint64_t parent = kind == Kind::Holder || kind == Kind::Waiters ? track(Kind::Process, pid, pid).uuid : 0;
     tracks_.push_back(std::make_unique<Track>());
@@ -225,11 +214,14 @@ uint64_t PftraceWriter::holder_name(Track& t, int32_t holder) {
     return it->second;
 }
 
+// DebugAnnotation { name_iid, int_value }, its length counted first.
 void PftraceWriter::annotation(Annotation a, int64_t v) {
-    const size_t m = event_.begin(kEventAnnotations);
+    const auto u = static_cast<uint64_t>(v);
+    event_.tag(kEventAnnotations, ProtoEncoder::kLengthDelimited);
+    event_.raw_varint(ProtoEncoder::varint_field_size(kAnnotationNameIid, a) +
+                      ProtoEncoder::varint_field_size(kAnnotationInt, u));
     event_.varint(kAnnotationNameIid, a);
-    event_.int64(kAnnotationInt, v);
-    event_.end(m);
+    event_.varint(kAnnotationInt, u);
 }
 
 // A string value, interned in the track's sequence (culprits, evidence and
@@ -241,33 +233,51 @@ void PftraceWriter::annotation(Track& t, Annotation a, std::string_view v) {
         t.strings.add(v, iid);
         interned_entry(interned_, kInternedStrings, iid, v);
     }
-    const size_t m = event_.begin(kEventAnnotations);
+    event_.tag(kEventAnnotations, ProtoEncoder::kLengthDelimited);
+    event_.raw_varint(ProtoEncoder::varint_field_size(kAnnotationNameIid, a) +
+                      ProtoEncoder::varint_field_size(kAnnotationStringIid, iid));
     event_.varint(kAnnotationNameIid, a);
     event_.varint(kAnnotationStringIid, iid);
-    event_.end(m);
 }
 
 // TracePacket { timestamp (a delta on the track's clock, or BOOTTIME when
 // time would go back), sequence, track_event (event_), interned_data
-// (interned_: what this event used first) }.
+// (interned_: what this event used first) }, framed as Trace.packet and
+// written straight into the output buffer: its length is counted first.
 void PftraceWriter::emit(Track& t, uint64_t ts) {
     if (!t.started) start_sequence(t, ts);
-    ProtoEncoder& e = packet_;
-    e.clear();
-    if (ts >= t.clock) [[likely]] {
-        e.varint(kPacketTimestamp, ts - t.clock);
-        t.clock = ts;
-    } else {
-        e.varint(kPacketTimestamp, ts);
-        e.varint(kPacketClockId, kBoottime);
-    }
-    e.varint(kPacketSequenceId, t.sequence);
-    e.bytes(kPacketTrackEvent, event_.view());
-    if (interned_.size()) {
-        e.bytes(kPacketInterned, interned_.view());
+    const bool back = ts < t.clock;
+    const uint64_t time = back ? ts : ts - t.clock;
+    if (!back) t.clock = ts;
+    const std::string_view ev = event_.view(), in = interned_.view();
+    using E = ProtoEncoder;
+    const size_t body = E::varint_field_size(kPacketTimestamp, time) +
+                        (back ? E::varint_field_size(kPacketClockId, kBoottime) : 0) +
+                        E::varint_field_size(kPacketSequenceId, t.sequence) + E::bytes_field_size(kPacketTrackEvent, ev.size()) +
+                        (in.empty() ? 0 : E::bytes_field_size(kPacketInterned, in.size()));
+    const size_t n = 1 + E::varint_size(body) + body;
+    std::string large;  // a packet that does not fit the output buffer's room (a huge interned string)
+    char* p = n <= OutputFile::kBufferSize / 2 ? out_.room(n) : (large.resize(n), large.data());
+    const auto field = [&p](uint32_t f, int wire, uint64_t v) {
+        p = E::put_varint(E::put_varint(p, E::key(f, wire)), v);
+    };
+    const auto bytes = [&p, &field](uint32_t f, std::string_view b) {
+        field(f, E::kLengthDelimited, b.size());
+        std::memcpy(p, b.data(), b.size());
+        p += b.size();
+    };
+    field(kTracePacket, E::kLengthDelimited, body);
+    field(kPacketTimestamp, E::kVarint, time);
+    if (back) field(kPacketClockId, E::kVarint, kBoottime);
+    field(kPacketSequenceId, E::kVarint, t.sequence);
+    bytes(kPacketTrackEvent, ev);
+    if (!in.empty()) {
+        bytes(kPacketInterned, in);
         interned_.clear();
     }
-    write_packet(e.view());
+    if (large.empty()) out_.advance(n);
+    else out_.write(large);
+    ++packets_;
 }
 
 // Only labelled sleeps: a plain state ("S", "D", "R+", …) is drawn by

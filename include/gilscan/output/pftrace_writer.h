@@ -128,8 +128,18 @@ private:
         uint64_t last_holder_iid = 0;
         std::unordered_map<int32_t, uint64_t> holders;  // "GIL held by H" by H
     };
-    // A track's state; its descriptor is written the first time it is asked for.
-    Track& track(Kind kind, int32_t pid, int32_t id);
+    // A track's state; its descriptor is written the first time it is asked
+    // for (new_track). Inline: a lookup per event, one probe mostly.
+    Track& track(Kind kind, int32_t pid, int32_t id) {
+        const auto k = static_cast<uint8_t>(kind);
+        if (Slot& found = slot(k, key_of(pid, id)); found.track) [[likely]]
+            return *found.track;
+        return new_track(kind, pid, id);
+    }
+    Track& new_track(Kind kind, int32_t pid, int32_t id);
+    static uint64_t key_of(int32_t pid, int32_t id) {
+        return (uint64_t{static_cast<uint32_t>(pid)} << 32) | static_cast<uint32_t>(id);
+    }
     void describe(Kind kind, const Track& t, int32_t pid, int32_t id, uint64_t parent);
     void system_info(const PftraceSystem& sys);
 
@@ -160,7 +170,13 @@ private:
         Track* track = nullptr;  // null: an empty slot
     };
     std::vector<Slot> by_key_ = std::vector<Slot>(4096);
-    Slot& slot(uint8_t kind, uint64_t key);  // its slot, or the empty one where it goes
+    // Its slot, or the empty one where it goes.
+    Slot& slot(uint8_t kind, uint64_t key) {
+        const size_t mask = by_key_.size() - 1;
+        size_t i = static_cast<size_t>(((key ^ (uint64_t{kind} << 61)) * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+        while (by_key_[i].track && !(by_key_[i].key == key && by_key_[i].kind == kind)) i = (i + 1) & mask;
+        return by_key_[i];
+    }
     std::unordered_map<uint64_t, std::string> thread_names_;  // name_thread()'s, by (pid, tid)
     ProtoEncoder event_, interned_, packet_;  // interned_: InternedData's entries the next packet adds
     uint64_t packets_ = 0;
