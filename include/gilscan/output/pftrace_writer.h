@@ -169,7 +169,7 @@ private:
         uint8_t kind = 0;
         Track* track = nullptr;  // null: an empty slot
     };
-    std::vector<Slot> by_key_ = std::vector<Slot>(4096);
+    std::vector<Slot> by_key_ = std::vector<Slot>(256);
     // Its slot, or the empty one where it goes.
     Slot& slot(uint8_t kind, uint64_t key) {
         const size_t mask = by_key_.size() - 1;
