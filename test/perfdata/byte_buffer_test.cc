@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <sys/mman.h>
@@ -63,4 +65,23 @@ TEST_CASE("PrefaultAllocator: a large array's pages are resident before it is wr
     v.push_back(7);
     CHECK(v.size() == 4);
     CHECK(v[3] == 7);
+}
+
+TEST_CASE("same_short and copy_short: every length from 0 to 40, a difference at every position") {
+    const std::string base = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEF";
+    for (size_t n = 0; n <= 40; ++n) {
+        const std::string a = base.substr(0, n);
+        std::string b = a;
+        CHECK(same_short(a, b));
+        for (size_t i = 0; i < n; ++i) {
+            b[i] ^= 0x20;
+            CHECK_FALSE(same_short(a, b));
+            b[i] ^= 0x20;
+        }
+        if (n) CHECK_FALSE(same_short(a, std::string_view(a).substr(0, n - 1)));
+        std::string out(n + 8, '.');
+        copy_short(out.data() + 4, a.data(), n);
+        CHECK(out == std::string(4, '.') + a + std::string(4, '.'));
+    }
+    CHECK(same_short(std::string_view(), std::string_view()));
 }

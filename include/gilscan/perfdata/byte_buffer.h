@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -134,6 +135,32 @@ struct PrefaultAllocator : UninitAllocator<T> {
     } else {
         for (size_t i = 0; i < n; ++i) d[i] = s[i];  // 0-3 bytes (an empty view's data() may be null)
     }
+}
+
+// Whether a and b hold the same bytes, for short strings (a comm, a state
+// name): the sizes, then two overlapping loads of each, inline, instead of
+// a call to memcmp per comparison.
+[[gnu::always_inline]] inline bool same_short(std::string_view a, std::string_view b) {
+    const size_t n = a.size();
+    if (n != b.size()) return false;
+    const char* x = a.data();
+    const char* y = b.data();
+    if (n >= 8 && n <= 16) {
+        uint64_t x0, x1, y0, y1;
+        std::memcpy(&x0, x, 8), std::memcpy(&x1, x + n - 8, 8);
+        std::memcpy(&y0, y, 8), std::memcpy(&y1, y + n - 8, 8);
+        return ((x0 ^ y0) | (x1 ^ y1)) == 0;
+    }
+    if (n >= 4 && n < 8) {
+        uint32_t x0, x1, y0, y1;
+        std::memcpy(&x0, x, 4), std::memcpy(&x1, x + n - 4, 4);
+        std::memcpy(&y0, y, 4), std::memcpy(&y1, y + n - 4, 4);
+        return ((x0 ^ y0) | (x1 ^ y1)) == 0;
+    }
+    if (n > 16) return std::memcmp(x, y, n) == 0;
+    for (size_t i = 0; i < n; ++i)  // 0-3 bytes (an empty view's data() may be null)
+        if (x[i] != y[i]) return false;
+    return true;
 }
 
 }  // namespace gilscan
