@@ -5,6 +5,8 @@
 // sched_switch 4, sched_wakeup 17, sched_waking 20, sched_wakeup_new 114).
 #include "gilscan/output/pftrace_sched.h"
 
+#include <cstring>
+
 #include "gilscan/output/proto_encoder.h"
 #include "gilscan/perfdata/byte_buffer.h"
 
@@ -24,16 +26,23 @@ constexpr uint32_t kEventTimestamp = 1, kEventPid = 2, kEventSchedSwitch = 4, kE
 
 // A packed repeated field of varints, one per row: field_of(row) (int32
 // and int64 values as their 64-bit two's complement, as protobuf writes them).
+// The values are written once, after room for the longest length a bundle's
+// column can have; the length then goes in front of them, moved up to it
+// when shorter (a memmove of the column, instead of sizing every value first).
 template <class Rows, class F>
 void packed(ProtoEncoder& e, uint32_t field, const Rows& rows, F field_of) {
     if (rows.empty()) return;
-    size_t len = 0;
-    for (const auto& r : rows) len += ProtoEncoder::varint_size(static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
+    constexpr size_t kLengthBytes = 3;  // up to 2^21 - 1 bytes: kMaxEvents values of 10 bytes at most
+    static_assert(PftraceSched::kMaxEvents * 10 < (size_t{1} << 21));
     e.tag(field, ProtoEncoder::kLengthDelimited);
-    e.raw_varint(len);
-    char* p = e.room(len);
+    char* const at = e.room(kLengthBytes + 10 * static_cast<size_t>(rows.end() - rows.begin()));
+    char* p = at + kLengthBytes;
     for (const auto& r : rows) p = ProtoEncoder::put_varint(p, static_cast<uint64_t>(static_cast<int64_t>(field_of(r))));
-    e.advance(len);
+    const auto len = static_cast<size_t>(p - (at + kLengthBytes));
+    const size_t k = ProtoEncoder::varint_size(len);
+    if (k < kLengthBytes) std::memmove(at + k, at + kLengthBytes, len);
+    ProtoEncoder::put_varint(at, len);
+    e.advance(k + len);
 }
 
 }  // namespace
@@ -70,8 +79,8 @@ void PftraceSched::give_rows(Bundle& b) {
 }
 
 uint32_t PftraceSched::intern(Bundle& b, int32_t pid, std::string_view comm) {
-    Bundle::Recent& r = b.recent[static_cast<uint32_t>(pid) % Bundle::kRecent];
-    if (r.pid == pid && b.comms[r.index] == comm) return r.index;
+    Bundle::Recent& r = b.recent[recent_slot(pid)];
+    if (r.pid == pid && same_short(b.comms[r.index], comm)) return r.index;
     uint32_t index;
     if (auto it = b.comm_index.find(comm); it != b.comm_index.end()) {
         index = it->second;

@@ -246,16 +246,18 @@ TEST_CASE("pftrace sched: deltas within a bundle, a new bundle when full or when
 }
 
 TEST_CASE("pftrace sched: each compact event names its task's comm as it was then") {
-    // pid 5 renamed from one switch to the next; pid 69 on the same
-    // recent-comm slot (5 + 64), taking turns with pid 5 after that.
+    // pid 5 renamed from one switch to the next; pid q on the same
+    // recent-comm slot, taking turns with pid 5 after that.
+    int32_t q = 6;
+    while (PftraceSched::recent_slot(q) != PftraceSched::recent_slot(5)) ++q;
     Written w;
     w.sched.sched_switch(0, 100, 1, make_switch(1, 1, 5, "x"));  // full: starts the CPU's sequence
     w.sched.sched_switch(0, 200, 5, make_switch(5, 1, 5, "b"));
     w.sched.sched_switch(0, 300, 5, make_switch(5, 1, 5, "a"));
-    w.sched.sched_switch(0, 400, 5, make_switch(5, 1, 69, "c"));
-    w.sched.sched_switch(0, 500, 69, make_switch(69, 1, 5, "a"));
-    w.sched.sched_switch(0, 600, 5, make_switch(5, 1, 69, "c"));
-    w.sched.sched_switch(0, 700, 69, make_switch(69, 1, 69, "d"));
+    w.sched.sched_switch(0, 400, 5, make_switch(5, 1, q, "c"));
+    w.sched.sched_switch(0, 500, q, make_switch(q, 1, 5, "a"));
+    w.sched.sched_switch(0, 600, 5, make_switch(5, 1, q, "c"));
+    w.sched.sched_switch(0, 700, q, make_switch(q, 1, q, "d"));
     w.sched.flush();
     REQUIRE(w.packets.size() == 1);
     const auto compact = fields_of(fields_of(w.packets[0], 1).at(0).bytes, 4).at(0).bytes;
@@ -265,7 +267,8 @@ TEST_CASE("pftrace sched: each compact event names its task's comm as it was the
     std::vector<std::string> comms;
     for (uint64_t i : packed_varints(fields_of(compact, 6).at(0).bytes)) comms.push_back(table.at(i));
     CHECK(comms == std::vector<std::string>{"b", "a", "c", "a", "c", "d"});
-    CHECK(packed_varints(fields_of(compact, 3).at(0).bytes) == std::vector<uint64_t>{5, 5, 69, 5, 69, 69});
+    const auto uq = static_cast<uint64_t>(q);
+    CHECK(packed_varints(fields_of(compact, 3).at(0).bytes) == std::vector<uint64_t>{5, 5, uq, 5, uq, uq});
 }
 
 TEST_CASE("pftrace sched: without a CPU every event is full, in one bundle said to be CPU 0's") {

@@ -65,6 +65,10 @@ public:
     };
 
     static constexpr size_t kMaxEvents = 1024;
+    // A bundle's recent-comm slots (intern), by pid: Fibonacci hashing, so
+    // that runs of pids (a process's threads) land apart.
+    static constexpr size_t kRecent = 256;
+    static size_t recent_slot(int32_t pid) { return (static_cast<uint32_t>(pid) * 2654435769u) >> 24; }
     // Events of a recording without PERF_SAMPLE_CPU (cpu ~0u): one bundle,
     // said to be CPU 0's, every event in full (no CPU's sequence to make
     // compact ones from).
@@ -113,7 +117,6 @@ private:
             int32_t pid = -1;
             uint32_t index = 0;
         };
-        static constexpr size_t kRecent = 64;
         std::array<Recent, kRecent> recent{};
         ProtoEncoder full;  // FtraceEventBundle.event fields, encoded
         size_t events = 0;
