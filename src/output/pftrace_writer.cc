@@ -7,13 +7,18 @@
 #include <memory>
 
 #include "gilscan/gil/gil_probes.h"
+#include "gilscan/perfdata/byte_buffer.h"
 
 namespace gilscan {
 
 namespace {
 
-// Trace.packet; TracePacket.
-constexpr uint32_t kTracePacket = 1;
+// Trace.packet (field 1, length-delimited): each packet's tag; TracePacket.
+constexpr char kTracePacketTag = 0x0A;
+// The most bytes of a track event's packet besides its event and interned
+// data: the frame's tag and length, timestamp, clock, sequence, and the tags
+// and lengths of the two (each varint at most 10 bytes).
+constexpr size_t kPacketRoom = 64;
 constexpr uint32_t kPacketTimestamp = 8, kPacketClockId = 58, kPacketTrackEvent = 11, kPacketSequenceId = 10,
                    kPacketInterned = 12, kPacketSequenceFlags = 13, kPacketDefaults = 59, kPacketClockSnapshot = 6,
                    kPacketTrackDescriptor = 60, kPacketProcessTree = 2, kPacketSystemInfo = 45;
@@ -69,13 +74,13 @@ void PftraceWriter::write_packet(std::string_view packet) {
     const size_t n = 1 + ProtoEncoder::varint_size(packet.size()) + packet.size();
     if (n <= OutputFile::kBufferSize / 2) {
         char* p = out_.room(n);
-        *p++ = 0x0A;  // Trace.packet = 1, length-delimited
+        *p++ = kTracePacketTag;
         p = ProtoEncoder::put_varint(p, packet.size());
         std::memcpy(p, packet.data(), packet.size());
         out_.advance(n);
     } else {
         char head[11];
-        head[0] = 0x0A;
+        head[0] = kTracePacketTag;
         out_.write(head, static_cast<size_t>(ProtoEncoder::put_varint(head + 1, packet.size()) - head));
         out_.write(packet.data(), packet.size());
     }
@@ -84,7 +89,7 @@ void PftraceWriter::write_packet(std::string_view packet) {
 
 uint64_t PftraceWriter::SequenceStrings::find(std::string_view s) const {
     for (const auto& [text, iid] : few_)
-        if (text.size() == s.size() && std::memcmp(text.data(), s.data(), s.size()) == 0) return iid;
+        if (same_short(text, s)) return iid;
     if (many_.empty()) return 0;
     auto it = many_.find(s);
     return it == many_.end() ? 0 : it->second;
@@ -242,42 +247,60 @@ void PftraceWriter::annotation(Track& t, Annotation a, std::string_view v) {
 
 // TracePacket { timestamp (a delta on the track's clock, or BOOTTIME when
 // time would go back), sequence, track_event (event_), interned_data
-// (interned_: what this event used first) }, framed as Trace.packet and
-// written straight into the output buffer: its length is counted first.
-void PftraceWriter::emit(Track& t, uint64_t ts) {
-    if (!t.started) start_sequence(t, ts);
-    const bool back = ts < t.clock;
-    const uint64_t time = back ? ts : ts - t.clock;
-    if (!back) t.clock = ts;
-    const std::string_view ev = event_.view(), in = interned_.view();
+// (interned_: what this event used first) }: the fields at p; returns their end.
+char* PftraceWriter::packet_fields(char* p, const Track& t, uint64_t time, bool back) {
     using E = ProtoEncoder;
-    const size_t body = E::varint_field_size(kPacketTimestamp, time) +
-                        (back ? E::varint_field_size(kPacketClockId, kBoottime) : 0) +
-                        E::varint_field_size(kPacketSequenceId, t.sequence) + E::bytes_field_size(kPacketTrackEvent, ev.size()) +
-                        (in.empty() ? 0 : E::bytes_field_size(kPacketInterned, in.size()));
-    const size_t n = 1 + E::varint_size(body) + body;
-    std::string large;  // a packet that does not fit the output buffer's room (a huge interned string)
-    char* p = n <= OutputFile::kBufferSize / 2 ? out_.room(n) : (large.resize(n), large.data());
     const auto field = [&p](uint32_t f, int wire, uint64_t v) {
         p = E::put_varint(E::put_varint(p, E::key(f, wire)), v);
     };
     const auto bytes = [&p, &field](uint32_t f, std::string_view b) {
         field(f, E::kLengthDelimited, b.size());
-        std::memcpy(p, b.data(), b.size());
+        copy_short(p, b.data(), b.size());
         p += b.size();
     };
-    field(kTracePacket, E::kLengthDelimited, body);
     field(kPacketTimestamp, E::kVarint, time);
     if (back) field(kPacketClockId, E::kVarint, kBoottime);
     field(kPacketSequenceId, E::kVarint, t.sequence);
-    bytes(kPacketTrackEvent, ev);
-    if (!in.empty()) {
-        bytes(kPacketInterned, in);
-        interned_.clear();
+    bytes(kPacketTrackEvent, event_.view());
+    if (interned_.size()) bytes(kPacketInterned, interned_.view());
+    return p;
+}
+
+// The packet framed as Trace.packet, written straight into the output
+// buffer: the fields after a one-byte length (a track event's packet is
+// mostly shorter than 128 bytes), moved forward when theirs is longer.
+void PftraceWriter::emit(Track& t, uint64_t ts) {
+    if (!t.started) start_sequence(t, ts);
+    const bool back = ts < t.clock;
+    const uint64_t time = back ? ts : ts - t.clock;
+    if (!back) t.clock = ts;
+    const size_t most = kPacketRoom + event_.size() + interned_.size();
+    if (most > OutputFile::kBufferSize / 2) [[unlikely]]
+        return emit_large(t, time, back, most);
+    char* const at = out_.room(most);
+    const size_t body = static_cast<size_t>(packet_fields(at + 2, t, time, back) - (at + 2));
+    at[0] = kTracePacketTag;
+    size_t n = body + 2;
+    if (body < 0x80) [[likely]] {
+        at[1] = static_cast<char>(body);
+    } else {
+        const size_t k = ProtoEncoder::varint_size(body);
+        std::memmove(at + 1 + k, at + 2, body);
+        ProtoEncoder::put_varint(at + 1, body);
+        n = 1 + k + body;
     }
-    if (large.empty()) out_.advance(n);
-    else out_.write(large);
+    out_.advance(n);
+    interned_.clear();
     ++packets_;
+}
+
+// A packet longer than the output buffer's room for one (a huge interned
+// string): made whole aside, then written.
+void PftraceWriter::emit_large(const Track& t, uint64_t time, bool back, size_t most) {
+    std::string packet(most, '\0');
+    packet.resize(static_cast<size_t>(packet_fields(packet.data(), t, time, back) - packet.data()));
+    interned_.clear();
+    write_packet(packet);
 }
 
 // Only labelled sleeps: a plain state ("S", "D", "R+", …) is drawn by

@@ -15,7 +15,8 @@ std::string_view span_kind_name(SpanKind k) {
 }
 
 Timeline::Timeline(const Session& session, SpanSink& sink)
-    : session_(session), sink_(sink), spans_wanted_(sink.wants_spans()) {}
+    : session_(session), sink_(sink), spans_wanted_(sink.wants_spans()),
+      plain_spans_wanted_(sink.wants_plain_spans()) {}
 
 __attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
     Thread& th = all_.emplace_back();
@@ -103,6 +104,7 @@ inline void Timeline::emit_as(Thread& th, uint64_t start, uint64_t end, bool cut
         break;
     }
     if (!spans_wanted_) return;
+    if (!plain_spans_wanted_ && (th.state != SpanKind::Sleep || th.label.name == th.state_letters)) return;
     Span s = span_of(th, start, end, cut);
     s.name = name;
     if (th.state == SpanKind::Sleep) {

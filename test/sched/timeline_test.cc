@@ -399,6 +399,50 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
     }
 }
 
+TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full run, with the same figures") {
+    // A .pftrace's writer: Perfetto draws the plain states itself.
+    struct Labelled : Collect {
+        bool wants_plain_spans() const override { return false; }
+    };
+    const std::string path = std::string(GILSCAN_TESTDATA) + "/gil_combined.data";
+    std::vector<CollectedSpan> got[2];
+    std::vector<std::vector<ThreadStats>> figures;
+    for (bool all : {true, false}) {
+        Session s(path);
+        Collect collect;
+        Labelled labelled;
+        GilTracker gil(nullptr);
+        Timeline tl(s, all ? static_cast<SpanSink&>(collect) : labelled);
+        tl.set_classifier(gil_probe_classifier(gil));
+        FanOutOf<GilTracker, Timeline> stages(gil, tl);
+        s.run(stages);
+        tl.finish(s.stats().last_time);
+        got[all] = all ? collect.spans : labelled.spans;
+        figures.emplace_back();
+        for (const ThreadStats* t : tl.threads()) figures.back().push_back(*t);
+    }
+    std::vector<CollectedSpan> expected;
+    for (const CollectedSpan& sp : got[1])
+        if (sp.kind == SpanKind::Sleep && sp.name != "S") expected.push_back(sp);
+    CHECK(expected.size() > 10);
+    CHECK(expected.size() < got[1].size() / 2);
+    CHECK(got[0].size() == expected.size());
+    for (size_t i = 0; i < std::min(got[0].size(), expected.size()); ++i) {
+        CAPTURE(i);
+        CAPTURE(got[0][i].name);
+        CAPTURE(expected[i].name);
+        CAPTURE(got[0][i].start);
+        CAPTURE(expected[i].start);
+        REQUIRE(got[0][i] == expected[i]);
+    }
+    REQUIRE(figures[0].size() == figures[1].size());
+    for (size_t i = 0; i < figures[0].size(); ++i) {
+        CHECK(figures[0][i].running_ns == figures[1][i].running_ns);
+        CHECK(figures[0][i].sleep_ns == figures[1][i].sleep_ns);
+        CHECK(figures[0][i].gil_sleep_count == figures[1][i].gil_sleep_count);
+    }
+}
+
 // SleepLabel's evidence is a literal view or a built string: each sleep's
 // span shows its own, and clear() between sleeps leaves neither behind (a
 // literal kept would hide the next sleep's built text; a built text kept

@@ -52,6 +52,7 @@ public:
     // Spans and track names pass straight on (the tracker writes none).
     void span(const Span& s) override { next_.span(s); }
     bool wants_spans() const override { return next_.wants_spans(); }
+    bool wants_plain_spans() const override { return next_.wants_plain_spans(); }
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override { next_.name_thread(pid, tid, name); }
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     // A culprit is never deferred: GIL blame, which names them, runs without -j workers.

@@ -69,6 +69,7 @@ public:
     PftraceWriter(OutputFile& out, TraceOptions opt, const PftraceSystem& sys);
 
     void span(const Span& s) override;
+    bool wants_plain_spans() const override { return false; }  // labelled sleeps only (span())
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
@@ -153,6 +154,8 @@ private:
     void annotation(Annotation a, int64_t v);
     void annotation(Track& t, Annotation a, std::string_view v);
     void emit(Track& t, uint64_t ts);
+    char* packet_fields(char* p, const Track& t, uint64_t time, bool back);
+    [[gnu::noinline]] void emit_large(const Track& t, uint64_t time, bool back, size_t most);
     void start_sequence(Track& t, uint64_t ts);
     // One TracePacket's fields, framed as Trace.packet (field 1).
     void write_packet(std::string_view packet);

@@ -72,7 +72,7 @@ public:
     }
     void tag(uint32_t field, int wire) { raw_varint(key(field, wire)); }
 
-    void varint(uint32_t field, uint64_t v) {
+    [[gnu::always_inline]] void varint(uint32_t field, uint64_t v) {
         char* p = put_varint(room(20), key(field, kVarint));
         n_ = static_cast<size_t>(put_varint(p, v) - buf_.data());
     }

@@ -138,6 +138,11 @@ public:
     // False: span() is never called; only the threads' figures are kept
     // (a summary-only run). Asked once, by the Timeline's constructor.
     virtual bool wants_spans() const { return true; }
+    // False: of the spans, only labelled sleeps (named otherwise than their
+    // state, as "S(GIL)") are handed on; the rest are counted, not built (a .pftrace
+    // writes no others: Perfetto draws the plain states from the
+    // scheduler's events). Asked once, as wants_spans().
+    virtual bool wants_plain_spans() const { return true; }
 };
 
 struct ThreadStats {
@@ -346,6 +351,7 @@ private:
     const Session& session_;
     SpanSink& sink_;
     const bool spans_wanted_;
+    const bool plain_spans_wanted_;
     TracepointDecoder dec_;
     SleepClassifier classifier_;
     ThreadObserver* observer_ = nullptr;
