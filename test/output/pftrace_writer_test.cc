@@ -307,22 +307,27 @@ TEST_CASE("pftrace: every event on its own thread's track among thousands; strin
     CHECK(name_entries == (kThreads + 1) * PftraceWriter::kEventNames.size() + kThreads);
 }
 
-TEST_CASE("pftrace: a packet larger than half the output buffer is written whole") {
-    // A culprit of 3 MiB, interned in the packet that uses it first.
-    const std::string culprit(3u << 20, 'c');
-    const Written r = write([&](PftraceWriter& w) {
-        w.gil_holder(100, gil_track_tid(100, 0), 101, 1000, 2000, culprit);
-        w.gil_holder(100, gil_track_tid(100, 0), 101, 3000, 4000, culprit);
-    });
-    REQUIRE(r.events.size() == 4);
-    for (size_t i : {size_t{0}, size_t{2}}) {
-        CHECK(r.events[i].type == PftraceWriter::kSliceBegin);
-        REQUIRE(r.events[i].args.size() == 2);
-        CHECK(r.events[i].args[1].first == "culprit");
-        CHECK(r.events[i].args[1].second == culprit);
+TEST_CASE("pftrace: packets of a one-byte length, a longer one, and one larger than half the output buffer") {
+    // Culprits of 10 bytes, 300 (a two-byte packet length: the fields are
+    // moved forward) and 3 MiB (the packet made aside), each interned in
+    // the packet that uses it first, and used again after.
+    for (size_t size : {size_t{10}, size_t{300}, size_t{3} << 20}) {
+        CAPTURE(size);
+        const std::string culprit(size, 'c');
+        const Written r = write([&](PftraceWriter& w) {
+            w.gil_holder(100, gil_track_tid(100, 0), 101, 1000, 2000, culprit);
+            w.gil_holder(100, gil_track_tid(100, 0), 101, 3000, 4000, culprit);
+        });
+        REQUIRE(r.events.size() == 4);
+        for (size_t i : {size_t{0}, size_t{2}}) {
+            CHECK(r.events[i].type == PftraceWriter::kSliceBegin);
+            REQUIRE(r.events[i].args.size() == 2);
+            CHECK(r.events[i].args[1].first == "culprit");
+            CHECK(r.events[i].args[1].second == culprit);
+        }
+        CHECK(r.events[1].ts == 2000);
+        CHECK(r.events[3].ts == 4000);
     }
-    CHECK(r.events[1].ts == 2000);
-    CHECK(r.events[3].ts == 4000);
 }
 
 TEST_CASE("pftrace: the file names that ask for it") {

@@ -110,7 +110,7 @@ private:
         Rows<Waking> wakings;
         std::vector<std::string> comms;                   // intern_table
         std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>> comm_index;
-        // The last index interned for a pid, by the pid's low bits: a task's
+        // The last index interned for a pid, in its recent_slot(): a task's
         // comm mostly stays what it was, so most events find it here and
         // need no hash (an entry is used only if its comm is still the same).
         struct Recent {

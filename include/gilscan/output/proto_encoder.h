@@ -51,14 +51,11 @@ public:
         return p;
     }
     static uint64_t key(uint32_t field, int wire) { return (uint64_t{field} << 3) | static_cast<uint64_t>(wire); }
-    // The bytes of a varint field (its key and value), and of a
-    // length-delimited one of len bytes: for a message whose length is
-    // counted before it is written (no room left and moved back at end()).
+    // The bytes of a varint field (its key and value): for a message whose
+    // length is counted before it is written (no room left and moved back
+    // at end()).
     static size_t varint_field_size(uint32_t field, uint64_t v) {
         return varint_size(key(field, kVarint)) + varint_size(v);
-    }
-    static size_t bytes_field_size(uint32_t field, size_t len) {
-        return varint_size(key(field, kLengthDelimited)) + varint_size(len) + len;
     }
 
     std::string_view view() const { return {buf_.data(), n_}; }
