@@ -128,8 +128,8 @@ def compare_intervals(rows, truth, pid, may_retry=False):
         # program's start, each thread's start) shows less than the truth.
         # Under ASan, not at all: the sanitized analysis takes most of a
         # core beside the program, and what a per-process recording cannot
-        # see (below) grows with the CPU other processes take, to past 13% of
-        # an interval in a CI run; the release suite checks it to 2%.
+        # see (below) grows with the CPU other processes take, far past the
+        # tolerance; the release suite checks it to 2%.
         cpu_checked = 0 < i < len(rows) - 1 and not SANITIZED
         g = truth_gil(truth, *windows[i])
         for t in r["threads"]:
@@ -152,8 +152,9 @@ def compare_intervals(rows, truth, pid, may_retry=False):
             all(w <= INTERVAL_TOLERANCE for k, w in worst.items() if k != "cpu"):
         # What a per-process recording cannot see grows with the CPU other
         # processes take (gilscan top's own analysis, perf, the truth's perf
-        # among them): a spell of the host's load misses the cpu figures
-        # alone. The program runs again, up to RUNS_FOR_CPU runs in all; the last is checked.
+        # among them): a run can miss the cpu figures alone with nothing
+        # else wrong. The program runs again, up to RUNS_FOR_CPU runs in all;
+        # the last is checked.
         print(f"note: every interval's cpu figures, worst {worst['cpu']:.2%}: running the program once more")
         return False
     for key, w in worst.items():
