@@ -75,14 +75,19 @@ PftraceSystem pftrace_system(const Session& s) {
 }
 
 // 5. The trace's file and writer, opened up front; from -j 2 a JSON trace's
-// events are formatted by the reader thread while it would wait
-// (trace_relay.h). A .pftrace's events cost a few bytes each, written where
-// they arise; its writer also takes the scheduler's events from the timeline.
+// events are formatted by the reader thread while it would wait, a
+// .pftrace's (the scheduler's events included) by a thread of the relay's
+// own (trace_relay.h).
 void open_trace(Run& r) {
     if (is_pftrace_name(r.opt.output)) {
         r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
         r.pftrace = std::make_unique<PftraceWriter>(*r.trace_out, r.opt.trace, pftrace_system(r.session));
         r.trace_sink = r.pftrace.get();
+        if (!r.one_thread) {
+            r.relay = std::make_unique<TraceRelay>(*r.pftrace, r.pftrace->filter(), r.pftrace.get());
+            r.relay->start_thread();
+            r.trace_sink = r.relay.get();
+        }
     } else if (!r.opt.output.empty()) {
         r.trace_out = std::make_unique<OutputFile>(r.opt.output, !r.one_thread);
         r.trace = std::make_unique<TraceWriter>(*r.trace_out, r.opt.trace);
@@ -207,7 +212,7 @@ void build_timeline(Run& r) {
     r.timeline = std::make_unique<Timeline>(r.session, r.trace_sink ? static_cast<SpanSink&>(*r.trace_sink) : r.null_sink);
     // With workers, spans wait for their labels: the GIL tracker's events wait with them.
     if (r.parallel && r.trace_sink) r.in_order.emplace(*r.timeline, *r.trace_sink);
-    if (r.pftrace) r.timeline->set_sched_tap(r.pftrace.get());
+    if (r.pftrace) r.timeline->set_sched_tap(r.relay ? static_cast<SchedTap*>(r.relay.get()) : r.pftrace.get());
     r.gil = std::make_unique<GilTracker>(r.in_order ? &*r.in_order : r.trace_sink, r.session.swap());
     // Labels made off the timeline carry texts only when the timeline reads
     // them (SleepLabel::text), as its own do.

@@ -51,7 +51,7 @@ bool is_pftrace_name(std::string_view path) {
 }
 
 PftraceWriter::PftraceWriter(OutputFile& out, TraceOptions opt, const PftraceSystem& sys)
-    : out_(out), filter_{std::move(opt)}, sched_([this](std::string_view p) { write_packet(p); }) {
+    : out_(out), filter_{by_pid_only(std::move(opt))}, sched_([this](std::string_view p) { write_packet(p); }) {
     if (!sys.os_release.empty()) system_info(sys);
 }
 

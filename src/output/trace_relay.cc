@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 namespace gilscan {
@@ -109,9 +110,45 @@ size_t TraceRelay::Slabs::slabs() const {
     return slabs_.size();
 }
 
-TraceRelay::TraceRelay(TraceWriter& writer)
-    : writer_(writer), filter_(writer.filter()), block_(SlabAllocator<uint8_t>(&slabs_)) {
+TraceRelay::TraceRelay(TraceSink& target, const TraceFilter& filter, SchedTap* tap)
+    : writer_(target),
+      tap_(tap),
+      filter_(filter),
+      plain_spans_(target.wants_plain_spans()),
+      block_(SlabAllocator<uint8_t>(&slabs_)) {
     block_.resize(kBlock);
+}
+
+TraceRelay::~TraceRelay() { stop_thread(); }
+
+void TraceRelay::start_thread() {
+    thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "gilscan-trace");
+        thread_loop();
+    });
+}
+
+// Formats blocks as they come, until closing with none left or an error.
+void TraceRelay::thread_loop() {
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> l(mu_);
+            queued_.wait(l, [this] { return !full_.empty() || closing_; });
+            if (full_.empty() || error_) return;
+        }
+        std::lock_guard<std::mutex> f(fmt_);
+        if (format_front()) by_others_.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+void TraceRelay::stop_thread() {
+    if (!thread_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> l(mu_);
+        closing_ = true;
+    }
+    queued_.notify_one();
+    thread_.join();
 }
 
 char* TraceRelay::room(size_t n) {
@@ -136,6 +173,7 @@ void TraceRelay::hand_off() {
         full_.push_back({std::move(block_), used_});
         queued = full_.size();
     }
+    if (thread_.joinable()) queued_.notify_one();
     // Full: nobody else had time for them. Format the oldest here (after the
     // one the reader may be formatting: fmt_ keeps the order).
     if (queued > kMaxQueued) {
@@ -186,6 +224,7 @@ bool TraceRelay::format_front() {
 
 void TraceRelay::close() {
     hand_off();
+    stop_thread();  // it formats what is queued first
     std::lock_guard<std::mutex> f(fmt_);
     while (format_front()) by_producer_.fetch_add(1, std::memory_order_relaxed);
     check_error();
@@ -242,6 +281,29 @@ void TraceRelay::replay(const Block& block, size_t used) {
             writer_.gil_waiters(pid, gil, ts, u.get<uint32_t>());
             break;
         }
+        case Op::SchedSwitch: {
+            const auto cpu = u.get<uint32_t>();
+            const auto t = u.get<uint64_t>();
+            const auto cur = u.get<int32_t>();
+            SchedSwitch sw;
+            sw.prev_pid = u.get<int32_t>(), sw.next_pid = u.get<int32_t>();
+            sw.prev_prio = u.get<int32_t>(), sw.next_prio = u.get<int32_t>();
+            sw.prev_state = u.get<int64_t>();
+            sw.prev_comm = u.str(), sw.next_comm = u.str();
+            tap_->sched_switch(cpu, t, cur, sw);
+            break;
+        }
+        case Op::SchedWake: {
+            const auto cpu = u.get<uint32_t>();
+            const auto t = u.get<uint64_t>();
+            const auto cur = u.get<int32_t>();
+            const auto kind = static_cast<TpKind>(u.get<uint8_t>());
+            SchedWake w;
+            w.pid = u.get<int32_t>(), w.target_cpu = u.get<int32_t>(), w.prio = u.get<int32_t>();
+            w.comm = u.str();
+            tap_->sched_wake(cpu, t, cur, kind, w);
+            break;
+        }
         case Op::NameThread: {
             const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
             writer_.name_thread(pid, tid, u.str());
@@ -290,6 +352,16 @@ void TraceRelay::gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint
 
 void TraceRelay::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) {
     if (filter_.wanted(pid)) append(Op::GilWaiters, pid, gil, ts_ns, waiting);
+}
+
+// The scheduler's events: all of them, as the timeline hands them to a tap.
+void TraceRelay::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
+    append(Op::SchedSwitch, cpu, t, cur_tid, sw.prev_pid, sw.next_pid, sw.prev_prio, sw.next_prio, sw.prev_state,
+           sw.prev_comm, sw.next_comm);
+}
+
+void TraceRelay::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
+    append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
 }
 
 }  // namespace gilscan

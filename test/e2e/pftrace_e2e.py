@@ -241,6 +241,14 @@ def check_recording(name, extra=(), suffix=".pftrace"):
     check(r1.returncode == 0 and r2.returncode == 0, f"{name}: gilscan writes both traces ({r1.stderr[-300:]})")
     if r1.returncode or r2.returncode:
         return
+    # -j 1 encodes on the stages' thread, -j 2 and up on the relay's own
+    # (trace_relay.h): the same bytes.
+    if suffix == ".pftrace":
+        for jobs in ("1", "3"):
+            pj = os.path.join(tmp, f"{name}.j{jobs}.pftrace")
+            rj = subprocess.run([gilscan, data, "-o", pj, "-j", jobs, *extra], capture_output=True, text=True)
+            check(rj.returncode == 0 and open(pj, "rb").read() == open(pf, "rb").read(),
+                  f"{name}: -j {jobs} writes the same .pftrace as the default -j ({rj.stderr[-200:]})")
     ok, why = decoded_cleanly(pf)
     check(ok, f"{name}: protoc decodes the trace with Perfetto's schema, no unknown field ({why})")
     trace, raw = read_trace(pf)

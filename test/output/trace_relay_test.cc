@@ -18,6 +18,7 @@
 
 #include "gilscan/error.h"
 #include "gilscan/output/output_file.h"
+#include "gilscan/output/pftrace_writer.h"
 #include "gilscan/output/trace_relay.h"
 #include "gilscan/output/trace_writer.h"
 #include "support/perf_writer.h"
@@ -101,6 +102,39 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
             sink.name_thread(pid, tid, rnd() % 5 ? name : odd);
             break;
         }
+        }
+    }
+}
+
+// The scheduler's events as a timeline hands them to its tap: switches
+// (most from the CPU's current task, as Perfetto infers them, some not) and
+// wake-ups of the three kinds, on 8 CPUs and without a CPU; comms of every
+// length up to 16.
+void emit_sched(SchedTap& tap, int n, uint64_t seed) {
+    auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
+    static const std::string comms = "python3.11-workr";
+    int32_t current[8] = {};
+    uint64_t ts = 5'000'000;
+    for (int i = 0; i < n; ++i) {
+        ts += rnd() % 20'000;
+        const uint32_t cpu = rnd() % 16 ? static_cast<uint32_t>(rnd() % 8) : PftraceSched::kNoCpu;
+        int32_t& cur = current[cpu % 8];
+        const auto tid = static_cast<int32_t>(200 + rnd() % 12);
+        const std::string_view comm(comms.data(), rnd() % 17);
+        if (rnd() % 2) {
+            SchedSwitch sw;
+            sw.prev_pid = rnd() % 4 ? cur : tid;
+            sw.next_pid = static_cast<int32_t>(200 + rnd() % 12);
+            sw.prev_prio = 120, sw.next_prio = static_cast<int32_t>(100 + rnd() % 40);
+            sw.prev_state = static_cast<int64_t>(rnd() % 3);
+            sw.prev_comm = comm, sw.next_comm = std::string_view(comms).substr(0, rnd() % 17);
+            tap.sched_switch(cpu, ts, sw.prev_pid, sw);
+            cur = sw.next_pid;
+        } else {
+            const TpKind kinds[] = {TpKind::SchedWaking, TpKind::SchedWakeup, TpKind::SchedWakeupNew};
+            SchedWake w;
+            w.pid = tid, w.target_cpu = static_cast<int32_t>(rnd() % 8), w.prio = 120, w.comm = comm;
+            tap.sched_wake(cpu, ts, rnd() % 3 ? cur : tid, kinds[rnd() % 3], w);
         }
     }
 }
@@ -189,6 +223,54 @@ TEST_CASE("TraceRelay: the trace is byte for byte the TraceWriter's, whoever for
     }
 }
 
+namespace {
+
+// A .pftrace's bytes: the GIL tracker's and the timeline's events and the
+// scheduler's, interleaved, written by the PftraceWriter directly or through
+// a relay with a thread of its own.
+std::string pftrace(bool relayed, uint64_t* by_others = nullptr) {
+    test::TempDir dir("gilscan-relay-pf");
+    const std::string path = (dir.path / "t.pftrace").string();
+    const PftraceSystem sys{"6.1.0-13-amd64", "x86_64", 8};
+    {
+        OutputFile out(path);
+        PftraceWriter pw(out, {}, sys);
+        auto feed = [](auto& sink) {
+            for (uint64_t i = 0; i < 40; ++i) {
+                emit(sink, 1500, 7 + i);
+                emit_sched(sink, 3000, 11 + i);
+            }
+        };
+        if (!relayed) {
+            feed(pw);
+        } else {
+            TraceRelay relay(pw, pw.filter(), &pw);
+            CHECK_FALSE(relay.wants_plain_spans());  // the writer's answer
+            relay.start_thread();
+            feed(relay);
+            relay.close();
+            *by_others = relay.blocks_formatted_by_others();
+        }
+        CHECK(pw.sched().compact_events() > 0);
+        CHECK(pw.sched().full_events() > 0);
+        pw.finish({}, sys);
+        out.commit();
+    }
+    return slurp(path);
+}
+
+}  // namespace
+
+TEST_CASE("TraceRelay with a thread of its own: a .pftrace byte for byte the PftraceWriter's, scheduler events included") {
+    const std::string direct = pftrace(false);
+    REQUIRE(direct.size() > 8 * TraceRelay::kBlock);
+    uint64_t by_thread = 0;
+    const std::string relayed = pftrace(true, &by_thread);
+    CHECK(by_thread > 0);
+    CHECK(relayed.size() == direct.size());
+    CHECK(relayed == direct);
+}
+
 TEST_CASE("TraceRelay: a kept stack text travels by its address, not its bytes") {
     test::TempDir dir("gilscan-relay-ref");
     const std::string path = (dir.path / "t.json").string();
@@ -231,9 +313,10 @@ TEST_CASE("TraceRelay: a write that fails while another thread formats is an err
     // that on at the next block or at close().
     test::TempDir dir("gilscan-relay-err");
     const std::string path = (dir.path / "t.json").string();
-    bool with_helper = false;
+    bool with_helper = false, own_thread = false;
     SUBCASE("formatted by the stages' thread") {}
     SUBCASE("formatted by another thread") { with_helper = true; }
+    SUBCASE("formatted by the relay's own thread") { own_thread = true; }
     std::optional<test::FileSizeLimit> limit(6u << 20);
     std::string error;
     bool from_relay = false;
@@ -241,6 +324,7 @@ TEST_CASE("TraceRelay: a write that fails while another thread formats is an err
         OutputFile out(path);
         TraceWriter tw(out, {});
         TraceRelay relay(tw);
+        if (own_thread) relay.start_thread();
         std::atomic<bool> stop{false};
         std::thread helper;
         if (with_helper)

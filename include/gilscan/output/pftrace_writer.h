@@ -89,6 +89,10 @@ public:
     void finish(const std::vector<const ThreadStats*>& threads, const PftraceSystem& sys);
 
     uint64_t packets_written() const { return packets_; }
+    // What it keeps: by pid only (--pid). Its spans are the labelled sleeps,
+    // whatever TraceOptions says of plain states (they are Perfetto's to
+    // draw); a relay in front of it filters by this.
+    const TraceFilter& filter() const { return filter_; }
     const PftraceSched& sched() const { return sched_; }
 
     // TrackEvent's types (track_event.proto).
@@ -104,6 +108,10 @@ public:
                                                                       "state", "evidence",   "function", "waker"};
 
 private:
+    static TraceOptions by_pid_only(TraceOptions opt) {
+        opt.running = opt.runnable = opt.sleeping = true;
+        return opt;
+    }
     enum class Kind : uint8_t { Process, Thread, GilRow, Holder, Waiters };
     // Strings interned in one sequence, by their iid: a short list scanned
     // first (a track's few states, evidence texts and names), a hash map

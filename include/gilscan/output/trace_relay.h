@@ -1,7 +1,8 @@
-// TraceRelay — the trace's events formatted by whichever thread has time:
-// the stages hand each event over as a few compact bytes, and the JSON text
-// is made from them later by the TraceWriter (the same code, in the same
-// order: the trace is byte for byte what TraceWriter alone writes).
+// TraceRelay — the trace's events formatted by a thread that has time: the
+// stages hand each event over as a few compact bytes, and the target sink
+// (the TraceWriter's JSON, the PftraceWriter's protobuf) is fed from them
+// later (the same calls, in the same order: the trace is byte for byte what
+// the writer alone writes).
 //
 //   OutputFile out("trace.json");
 //   TraceWriter tw(out, opt);
@@ -11,14 +12,21 @@
 //   relay.close();                   // the rest formatted here; rethrows an error
 //   tw.finish(threads, meta);  out.commit();
 //
+//   PftraceWriter pw(out, opt, sys);
+//   TraceRelay relay(pw, pw.filter(), &pw);   // the scheduler's events too
+//   relay.start_thread();            // formatted by a thread of its own
+//   timeline.set_sched_tap(&relay);  ...  relay.close();  pw.finish(...);
+//
 // Why: formatting numbers as text was a quarter of the stages' thread on a
 // scheduler capture with its trace — the thread that bounds the run — while
 // the reader thread waited for the stages a third of the time. Handed over,
-// an event costs its fields' bytes; the reader formats queued blocks when
-// it would otherwise wait for room. When the queue is full (the reader had
-// no time), the stages format the oldest block themselves. No thread of its
-// own: on two cores a third busy thread took CPU from the two that bound
-// the run.
+// an event costs its fields' bytes; for JSON the reader formats queued
+// blocks when it would otherwise wait for room (a third busy thread, on two
+// cores, took CPU from the two that bound the run). A .pftrace's encoding
+// is a thread of its own (start_thread): the reader, once it has read the
+// file, has no more waits to fill, and the stages' thread runs on alone
+// for its last part, where the encoding then overlaps it. When the queue is
+// full (nobody had time), the stages format the oldest block themselves.
 //
 // Blocks are formatted one at a time (a mutex) and in the order they were
 // handed over. An error while formatting (a write that fails) drops what is
@@ -27,11 +35,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,9 +54,17 @@ namespace gilscan {
 // alignas(128): its first lines are the stages' (written per event), fmt_
 // and what follows are the formatting thread's (per block), and no other
 // object shares a line with either.
-class alignas(128) TraceRelay : public TraceSink {
+class alignas(128) TraceRelay : public TraceSink, public SchedTap {
 public:
-    explicit TraceRelay(TraceWriter& writer);
+    explicit TraceRelay(TraceWriter& writer) : TraceRelay(writer, writer.filter()) {}
+    // Any sink: the events it is handed are dropped here by `filter` first
+    // (the target's own); `tap`, when given, takes the scheduler's events.
+    TraceRelay(TraceSink& target, const TraceFilter& filter, SchedTap* tap = nullptr);
+    ~TraceRelay() override;
+
+    // A thread of its own formats the blocks as they are handed over, until
+    // close() (the .pftrace's: see above). Once at most, before any event.
+    void start_thread();
 
     void span(const Span& s) override;
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
@@ -54,6 +72,9 @@ public:
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
                     std::string_view culprit) override;
     void gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t waiting) override;
+    bool wants_plain_spans() const override { return plain_spans_; }
+    void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) override;
+    void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) override;
 
     // Any thread: formats the oldest queued block unless another thread is
     // formatting one. False when there was nothing to do (or it was busy).
@@ -126,7 +147,7 @@ public:
     size_t slabs_used() const { return slabs_.slabs(); }  // for the tests
 
 private:
-    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters };
+    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters, SchedSwitch, SchedWake };
     template <class... F>
     void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
     char* room(size_t n);  // n bytes at the end of the current block
@@ -135,9 +156,13 @@ private:
     bool format_front();
     void replay(const Block& block, size_t used);
     void check_error();
+    void thread_loop();
+    void stop_thread();
 
-    TraceWriter& writer_;
+    TraceSink& writer_;
+    SchedTap* const tap_;
     const TraceFilter filter_;  // the writer's, copied: see TraceFilter
+    const bool plain_spans_;
     Slabs slabs_;  // before every block: they go back to it when destroyed
     Block block_;
     size_t used_ = 0;
@@ -151,6 +176,9 @@ private:
     std::deque<Full> full_;
     std::vector<Block> spare_;
     std::exception_ptr error_;
+    std::condition_variable queued_;  // start_thread()'s: a block handed over, or closing
+    bool closing_ = false;
+    std::thread thread_;
     std::atomic<uint64_t> by_others_{0}, by_producer_{0};  // written under fmt_
 };
 
