@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -332,6 +333,51 @@ TEST_CASE("PtrIdMap against std::map: direct pages, ids at and past 2^22, negati
     }
 }
 
+namespace {
+
+// One recording through a GIL tracker and a timeline into `sink`, each sleep
+// labelled by the classifier `label` makes from the tracker; the threads'
+// figures after.
+std::vector<ThreadStats> run_timeline(const std::string& path, SpanSink& sink,
+                                      const std::function<SleepClassifier(GilTracker&)>& label) {
+    Session s(path);
+    GilTracker gil(nullptr);
+    Timeline tl(s, sink);
+    tl.set_classifier(label(gil));
+    FanOutOf<GilTracker, Timeline> stages(gil, tl);
+    s.run(stages);
+    tl.finish(s.stats().last_time);
+    std::vector<ThreadStats> out;
+    for (const ThreadStats* t : tl.threads()) out.push_back(*t);
+    return out;
+}
+
+// Two runs' figures, thread by thread; the GIL sleeps counted.
+uint64_t check_same_figures(const std::vector<ThreadStats>& x, const std::vector<ThreadStats>& y) {
+    REQUIRE(x.size() == y.size());
+    uint64_t gil_sleeps = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        const ThreadStats &a = x[i], &b = y[i];
+        CAPTURE(a.tid);
+        CHECK(a.tid == b.tid);
+        CHECK(a.tgid == b.tgid);
+        CHECK(a.running_ns == b.running_ns);
+        CHECK(a.runnable_ns == b.runnable_ns);
+        CHECK(a.sleep_ns == b.sleep_ns);
+        CHECK(a.sleep_count == b.sleep_count);
+        CHECK(a.disk_ns == b.disk_ns);
+        CHECK(a.disk_count == b.disk_count);
+        CHECK(a.other_ns == b.other_ns);
+        CHECK(a.unknown_ns == b.unknown_ns);
+        CHECK(a.gil_sleep_ns == b.gil_sleep_ns);
+        CHECK(a.gil_sleep_count == b.gil_sleep_count);
+        gil_sleeps += a.gil_sleep_count;
+    }
+    return gil_sleeps;
+}
+
+}  // namespace
+
 TEST_CASE("a sink that wants no spans gets none, and every thread's figures are the same as with spans") {
     // A summary-only run: the timeline skips building spans nobody reads.
     struct NoSpans : SpanSink {
@@ -350,46 +396,22 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
         // (label.text false) the same decisions with no strings.
         size_t gil_labels[2] = {0, 0}, named[2] = {0, 0}, text_mismatch = 0;
         for (bool want : {true, false}) {
-            Session s(path);
             Collect collect;
             NoSpans none;
-            GilTracker gil(nullptr);
-            Timeline tl(s, want ? static_cast<SpanSink&>(collect) : none);
-            tl.set_classifier([&, by_probes = gil_probe_classifier(gil)](const Sample& smp, const EventInfo& ev,
-                                                                         const PrevState& ps, SleepLabel& l) {
-                text_mismatch += l.text != want;
-                by_probes(smp, ev, ps, l);
-                gil_labels[want] += l.gil;
-                named[want] += !l.name.empty() || !l.evidence().empty();
-            });
-            FanOutOf<GilTracker, Timeline> stages(gil, tl);
-            s.run(stages);
-            tl.finish(s.stats().last_time);
-            runs.emplace_back();
-            for (const ThreadStats* t : tl.threads()) runs.back().push_back(*t);
+            runs.push_back(run_timeline(path, want ? static_cast<SpanSink&>(collect) : none, [&](GilTracker& gil) {
+                return [&, want, by_probes = gil_probe_classifier(gil)](const Sample& smp, const EventInfo& ev,
+                                                                        const PrevState& ps, SleepLabel& l) {
+                    text_mismatch += l.text != want;
+                    by_probes(smp, ev, ps, l);
+                    gil_labels[want] += l.gil;
+                    named[want] += !l.name.empty() || !l.evidence().empty();
+                };
+            }));
             if (want) spans = collect.spans.size();
             else CHECK(none.calls == 0);
         }
         CHECK(spans > 100);
-        REQUIRE(runs[0].size() == runs[1].size());
-        uint64_t gil_sleeps = 0;
-        for (size_t i = 0; i < runs[0].size(); ++i) {
-            const ThreadStats &a = runs[0][i], &b = runs[1][i];
-            CAPTURE(a.tid);
-            CHECK(a.tid == b.tid);
-            CHECK(a.tgid == b.tgid);
-            CHECK(a.running_ns == b.running_ns);
-            CHECK(a.runnable_ns == b.runnable_ns);
-            CHECK(a.sleep_ns == b.sleep_ns);
-            CHECK(a.sleep_count == b.sleep_count);
-            CHECK(a.disk_ns == b.disk_ns);
-            CHECK(a.disk_count == b.disk_count);
-            CHECK(a.other_ns == b.other_ns);
-            CHECK(a.unknown_ns == b.unknown_ns);
-            CHECK(a.gil_sleep_ns == b.gil_sleep_ns);
-            CHECK(a.gil_sleep_count == b.gil_sleep_count);
-            gil_sleeps += a.gil_sleep_count;
-        }
+        const uint64_t gil_sleeps = check_same_figures(runs[0], runs[1]);
         if (name == "gil_combined") CHECK(gil_sleeps > 0);
         CHECK(text_mismatch == 0);
         CHECK(gil_labels[0] == gil_labels[1]);
@@ -408,18 +430,11 @@ TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full r
     std::vector<CollectedSpan> got[2];
     std::vector<std::vector<ThreadStats>> figures;
     for (bool all : {true, false}) {
-        Session s(path);
         Collect collect;
         Labelled labelled;
-        GilTracker gil(nullptr);
-        Timeline tl(s, all ? static_cast<SpanSink&>(collect) : labelled);
-        tl.set_classifier(gil_probe_classifier(gil));
-        FanOutOf<GilTracker, Timeline> stages(gil, tl);
-        s.run(stages);
-        tl.finish(s.stats().last_time);
+        figures.push_back(run_timeline(path, all ? static_cast<SpanSink&>(collect) : labelled,
+                                       [](GilTracker& gil) { return gil_probe_classifier(gil); }));
         got[all] = all ? collect.spans : labelled.spans;
-        figures.emplace_back();
-        for (const ThreadStats* t : tl.threads()) figures.back().push_back(*t);
     }
     std::vector<CollectedSpan> expected;
     for (const CollectedSpan& sp : got[1])
@@ -435,12 +450,7 @@ TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full r
         CAPTURE(expected[i].start);
         REQUIRE(got[0][i] == expected[i]);
     }
-    REQUIRE(figures[0].size() == figures[1].size());
-    for (size_t i = 0; i < figures[0].size(); ++i) {
-        CHECK(figures[0][i].running_ns == figures[1][i].running_ns);
-        CHECK(figures[0][i].sleep_ns == figures[1][i].sleep_ns);
-        CHECK(figures[0][i].gil_sleep_count == figures[1][i].gil_sleep_count);
-    }
+    CHECK(check_same_figures(figures[0], figures[1]) > 0);
 }
 
 // SleepLabel's evidence is a literal view or a built string: each sleep's
