@@ -354,14 +354,16 @@ void TraceRelay::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_t
     if (filter_.wanted(pid)) append(Op::GilWaiters, pid, gil, ts_ns, waiting);
 }
 
-// The scheduler's events: all of them, as the timeline hands them to a tap.
+// The scheduler's events: all of them, as the timeline hands them to a tap
+// (none without a tap to feed).
 void TraceRelay::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {
+    if (!tap_) return;
     append(Op::SchedSwitch, cpu, t, cur_tid, sw.prev_pid, sw.next_pid, sw.prev_prio, sw.next_prio, sw.prev_state,
            sw.prev_comm, sw.next_comm);
 }
 
 void TraceRelay::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
-    append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
+    if (tap_) append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
 }
 
 }  // namespace gilscan

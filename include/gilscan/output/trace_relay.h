@@ -58,7 +58,8 @@ class alignas(128) TraceRelay : public TraceSink, public SchedTap {
 public:
     explicit TraceRelay(TraceWriter& writer) : TraceRelay(writer, writer.filter()) {}
     // Any sink: the events it is handed are dropped here by `filter` first
-    // (the target's own); `tap`, when given, takes the scheduler's events.
+    // (the target's own); `tap`, when given, takes the scheduler's events
+    // (without one, they are not handed over).
     TraceRelay(TraceSink& target, const TraceFilter& filter, SchedTap* tap = nullptr);
     ~TraceRelay() override;
 
@@ -89,7 +90,8 @@ public:
     static constexpr size_t kMaxQueued = 16;
 
     // Counts for the tests: blocks formatted by format_some() (the reader)
-    // and by the stages' thread (queue full, and close()).
+    // or the relay's own thread, and by the stages' thread (queue full, and
+    // close()).
     uint64_t blocks_formatted_by_others() const { return by_others_.load(std::memory_order_relaxed); }
     uint64_t blocks_formatted_by_producer() const { return by_producer_.load(std::memory_order_relaxed); }
 
