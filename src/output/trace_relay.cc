@@ -363,7 +363,8 @@ void TraceRelay::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const S
 }
 
 void TraceRelay::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
-    if (tap_) append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
+    if (!tap_) return;
+    append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
 }
 
 }  // namespace gilscan
