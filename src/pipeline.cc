@@ -283,7 +283,9 @@ void write_trace(Run& r, const FileSummary& summary) {
     }
     for (const ThreadSummary& t : summary.threads) {
         if (t.gil_wait_ns.value_or(0) || t.gil_hold_ns.value_or(0)) meta.gil_rows.push_back({t.st.tgid, t.st.tid});
-        if (t.gil_sleep_count.value_or(0) || t.st.comm.starts_with("python")) meta.python_pids.insert(t.st.tgid);
+        // A process VizTracer ran is Python too (its comm is the script's name).
+        if (t.gil_sleep_count.value_or(0) || t.st.comm.starts_with("python") || t.st.comm == "viztracer")
+            meta.python_pids.insert(t.st.tgid);
     }
     r.trace->finish(r.timeline->threads(), meta);
     r.trace_out->commit();

@@ -120,6 +120,11 @@ FileSummary summarise(const Run& r) {
     if (r.timeline->decoder().field_errors())
         summary.warnings.push_back(std::to_string(r.timeline->decoder().field_errors()) +
                                    " tracepoint sample(s) too short for their format");
+    // VizTracer's timestamps are CLOCK_MONOTONIC's (its own clock calibrated to it).
+    if (r.opt.trace.viztracer && !r.opt.output.empty() && summary.clock != "CLOCK_MONOTONIC")
+        summary.warnings.push_back("--viztracer: the recording's clock is " + summary.clock +
+                                   ", not VizTracer's: the two traces will not line up in time (record with "
+                                   "perf record -k CLOCK_MONOTONIC, as gilscan record does)");
     if (r.timeline->sched_events() == 0 && !r.gil->seen_probes())
         summary.warnings.push_back("no sched:sched_switch / sched_waking / sched_wakeup events: "
                                    "record them to see thread states");

@@ -23,6 +23,7 @@
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output/output_file.h"
+#include "gilscan/output/pftrace_writer.h"
 #include "gilscan/cli/probe.h"
 #include "gilscan/cli/record.h"
 #include "gilscan/cli/top.h"
@@ -40,6 +41,7 @@ struct Options {
     bool table_on_stderr = false;  // under record: stdout is the recorded program's
     bool quiet_warnings = false;   // record -q: its warnings only in the summary JSON
     bool running = false, runnable = true, sleeping = true, quiet = false;
+    bool viztracer = false;  // --viztracer
     bool progress = false;
     bool all_threads = false;
     std::string gil_evidence = "auto";
@@ -79,8 +81,10 @@ gilscan::OptionTable analysis_table(Options& o) {
     t.flag("--running", "running spans (R) too, as per4m's --running (--no-running: none, the default)",
            [&] { o.running = true; });
     t.flag("--no-running", "", [&] { o.running = false; });
-    t.flag("--no-runnable", "leave runnable spans (R+) out", [&] { o.runnable = false; });
-    t.flag("--no-sleeping", "leave sleep spans out", [&] { o.sleeping = false; });
+    t.flag("--no-runnable", "leave runnable spans (R+) out (--no-sleeping: sleep spans)", [&] { o.runnable = false; });
+    t.flag("--no-sleeping", "", [&] { o.sleeping = false; });
+    t.flag("--viztracer", "to merge with a VizTracer trace (viztracer --combine): states on rows of their own",
+           [&] { o.viztracer = true; });
     t.value("--pid", "PID[,PID...]", "only these processes (trace and summary)", [&](const std::string& list) {
         size_t pos = 0;
         while (pos <= list.size()) {
@@ -156,6 +160,8 @@ Options parse_args(int argc, char** argv) {
     try {
         if (!t.parse(argc, argv, 1)) std::exit(std::fflush(stdout) == 0 ? 0 : 1);
         if (o.input.empty()) throw gilscan::UsageError("no input file");
+        if (o.viztracer && (o.output.empty() || gilscan::is_pftrace_name(o.output)))
+            throw gilscan::UsageError("--viztracer lays out a JSON trace: it needs -o FILE.json");
     } catch (const gilscan::UsageError& e) {
         usage_error(t.command(), e.what());
     }
@@ -198,7 +204,7 @@ gilscan::AnalysisOptions analysis_options(const Options& opt) {
     gilscan::AnalysisOptions a;
     a.input = opt.input;
     a.output = opt.output;
-    a.trace = {opt.running, opt.runnable, opt.sleeping, opt.pids};
+    a.trace = {opt.running, opt.runnable, opt.sleeping, opt.pids, opt.viztracer};
     a.pids = opt.pids;
     a.window = opt.window;
     a.gil_evidence = opt.gil_evidence;

@@ -197,7 +197,9 @@ void append_json_string(std::string& out, std::string_view s) {
     out.resize(static_cast<size_t>(end - out.data()));
 }
 
-TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt) : out_(out), filter_{std::move(opt)} {
+TraceWriter::TraceWriter(OutputFile& out, TraceOptions opt)
+    : out_(out), filter_{std::move(opt)},
+      state_row_offset_(filter_.opt.viztracer ? static_cast<uint32_t>(state_row_tid(0)) : 0) {
     out_.write(std::string_view("{\"traceEvents\":[\n"));
 }
 
@@ -237,7 +239,8 @@ void TraceWriter::span(const Span& s) {
     p = put(p, ",\"cname\":\"");
     p = put(p, cname_of(s));
     *p++ = '"';
-    p = put_track(p, s.tgid, s.tid);
+    // The thread's own row, or with viztracer its state row (VizTracer's functions are on its own).
+    p = put_track(p, s.tgid, static_cast<int32_t>(static_cast<uint32_t>(s.tid) + state_row_offset_));
     p = put_interval(p, s.start, s.end);
     p = put(p, ",\"args\":{\"state\":");
     p = put_str(p, s.state);
@@ -333,8 +336,10 @@ void TraceWriter::gil_waiters(int32_t pid, uint32_t gil, uint64_t ts_ns, uint32_
     end(p);
 }
 
+// With viztracer, the thread's state row: its own row is VizTracer's to name.
 void TraceWriter::name_thread(int32_t pid, int32_t tid, std::string_view name) {
-    metadata("thread_name", pid, tid, name);
+    if (filter_.opt.viztracer) metadata("thread_name", pid, state_row_tid(tid), "state \xC2\xB7 " + std::string(name));
+    else metadata("thread_name", pid, tid, name);
 }
 
 // A "M" event: {"ph":"M","name":what,"pid":P,"tid":T,"args":{args}} with
@@ -364,10 +369,36 @@ void TraceWriter::sort_index(std::string_view what, int32_t pid, int32_t tid, in
     meta_event(what, pid, tid, "\"sort_index\":" + std::to_string(index));
 }
 
+// A process's thread rows, by tid, the main thread first: each thread's
+// row ("<comm> <tid>": its own name when the program set one), then its GIL
+// row. With viztracer, each thread's state row comes between them, and the
+// thread's own row, where gilscan writes no span, is left to VizTracer to
+// name (it only sorts it first).
+void TraceWriter::name_process_rows(int32_t pid, const std::map<std::pair<bool, int32_t>, const ThreadStats*>& members,
+                                    const std::set<std::pair<int32_t, int32_t>>& gil_rows) {
+    const bool viztracer = filter_.opt.viztracer;
+    const int64_t rows = viztracer ? 3 : 2;
+    int64_t rank = 0;
+    for (const auto& [key, t] : members) {
+        const std::string name = std::string(t->comm) + " " + std::to_string(t->tid);
+        if (!viztracer) metadata("thread_name", pid, t->tid, name);
+        sort_index("thread_sort_index", pid, t->tid, rows * rank);
+        if (viztracer) {
+            metadata("thread_name", pid, state_row_tid(t->tid), "state \xC2\xB7 " + name);
+            sort_index("thread_sort_index", pid, state_row_tid(t->tid), rows * rank + 1);
+        }
+        if (gil_rows.count({pid, t->tid})) {
+            metadata("thread_name", pid, gil_row_tid(t->tid), "GIL \xC2\xB7 " + name);
+            sort_index("thread_sort_index", pid, gil_row_tid(t->tid), rows * rank + rows - 1);
+        }
+        ++rank;
+    }
+}
+
 // Names and order: a process by its main thread's comm (else the first
-// seen), Python processes first; in each, the holder track, then each
-// thread ("<comm> <tid>": its own name when the program set one) by tid,
-// the main thread first, each followed by its GIL row.
+// seen), Python processes first; in each, the holder track, then its
+// threads' rows (name_process_rows). With viztracer, VizTracer names a
+// Python process (its script), so gilscan does not.
 void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const TraceMeta& meta) {
     std::map<int32_t, std::string_view> process_names;
     std::map<int32_t, std::map<std::pair<bool, int32_t>, const ThreadStats*>> by_process;  // (not main, tid)
@@ -378,27 +409,16 @@ void TraceWriter::finish(const std::vector<const ThreadStats*>& threads, const T
         by_process[pid][{t->tid != pid, t->tid}] = t;
     }
     for (const auto& [pid, name] : process_names) {
-        metadata("process_name", pid, pid, name);
-        sort_index("process_sort_index", pid, pid, meta.python_pids.count(pid) ? 0 : 1);
+        const bool python = meta.python_pids.count(pid) != 0;
+        if (!filter_.opt.viztracer || !python) metadata("process_name", pid, pid, name);
+        sort_index("process_sort_index", pid, pid, python ? 0 : 1);
     }
     for (const HolderTrack& h : meta.holder_tracks) {
         metadata("thread_name", h.pid, h.track_tid, h.name);
         sort_index("thread_sort_index", h.pid, h.track_tid, -1);
     }
     std::set<std::pair<int32_t, int32_t>> gil_rows(meta.gil_rows.begin(), meta.gil_rows.end());
-    for (const auto& [pid, members] : by_process) {
-        int64_t rank = 0;
-        for (const auto& [key, t] : members) {
-            const std::string name = std::string(t->comm) + " " + std::to_string(t->tid);
-            metadata("thread_name", pid, t->tid, name);
-            sort_index("thread_sort_index", pid, t->tid, 2 * rank);
-            if (gil_rows.count({pid, t->tid})) {
-                metadata("thread_name", pid, gil_row_tid(t->tid), "GIL \xC2\xB7 " + name);
-                sort_index("thread_sort_index", pid, gil_row_tid(t->tid), 2 * rank + 1);
-            }
-            ++rank;
-        }
-    }
+    for (const auto& [pid, members] : by_process) name_process_rows(pid, members, gil_rows);
     std::string tail =
         "\n],\"displayTimeUnit\":\"ns\",\"viztracer_metadata\":{\"version\":\"0.16.3\",\"overflow\":false,"
         "\"producer\":\"gilscan\"},\"otherData\":{\"source\":";

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -375,4 +376,100 @@ TEST_CASE("TraceWriter: a GIL wait's function goes in args after its evidence, e
     CHECK(ev[2]["args"]["function"] == "x");
     CHECK(ev[2]["args"]["cut_at_end"] == true);
     CHECK_FALSE(ev[3]["args"].contains("function"));
+}
+
+namespace {
+
+// The metadata events of a trace written for threads (pid 7: Python, main
+// thread 7 with a GIL row and thread 8; pid 20: not Python) and one span of
+// thread 8, with or without TraceOptions::viztracer.
+struct Rows {
+    nlohmann::json spans = nlohmann::json::array();
+    std::map<std::pair<int, int>, std::string> names;  // (pid, tid) -> thread_name
+    std::map<int, std::string> processes;              // pid -> process_name
+    std::map<std::pair<int, int>, int> sort;           // (pid, tid) -> thread_sort_index
+};
+
+Rows rows_of(bool viztracer) {
+    test::TempDir dir("gilscan-trace-viztracer");
+    const std::string path = (dir.path / "t.json").string();
+    std::vector<ThreadStats> ts(3);
+    ts[0].tid = ts[0].tgid = 7;
+    ts[1].tid = 8;
+    ts[1].tgid = 7;
+    ts[2].tid = ts[2].tgid = 20;
+    ts[0].comm = ts[1].comm = "python3";
+    ts[2].comm = "sh";
+    std::vector<const ThreadStats*> threads;
+    for (auto& t : ts) {
+        t.monitored = true;
+        threads.push_back(&t);
+    }
+    TraceMeta meta;
+    meta.python_pids = {7};
+    meta.gil_rows = {{7, 7}};
+    {
+        OutputFile out(path, false);
+        TraceOptions opt;
+        opt.viztracer = viztracer;
+        TraceWriter tw(out, opt);
+        Span s;
+        s.tgid = 7;
+        s.tid = 8;
+        s.start = 1'000;
+        s.end = 2'000;
+        s.kind = SpanKind::Sleep;
+        s.name = s.state = "S";
+        tw.span(s);
+        tw.finish(threads, meta);
+        out.commit();
+    }
+    std::ifstream in(path);
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    Rows r;
+    for (const auto& e : trace["traceEvents"]) {
+        const std::pair<int, int> row{e["pid"].get<int>(), e["tid"].get<int>()};
+        if (e["ph"] == "X") r.spans.push_back(e);
+        else if (e["name"] == "thread_name") r.names[row] = e["args"]["name"];
+        else if (e["name"] == "process_name") r.processes[row.first] = e["args"]["name"];
+        else if (e["name"] == "thread_sort_index") r.sort[row] = e["args"]["sort_index"];
+    }
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("TraceWriter --viztracer: states on rows of their own, no name on the rows VizTracer names") {
+    const Rows plain = rows_of(false);
+    REQUIRE(plain.spans.size() == 1);
+    CHECK(plain.spans[0]["tid"] == 8);
+    CHECK(plain.names.at({7, 7}) == "python3 7");
+    CHECK(plain.names.at({7, 8}) == "python3 8");
+    CHECK(plain.processes.at(7) == "python3");
+    CHECK(plain.sort.at({7, 7}) == 0);
+    CHECK(plain.sort.at({7, gil_row_tid(7)}) == 1);
+    CHECK(plain.sort.at({7, 8}) == 2);
+
+    const Rows viz = rows_of(true);
+    REQUIRE(viz.spans.size() == 1);
+    CHECK(viz.spans[0]["tid"] == state_row_tid(8));
+    CHECK(state_row_tid(8) > (1 << 22));  // above any tid Linux gives
+    CHECK(state_row_tid(8) < gil_row_tid(0));
+    // The Python process and its threads' own rows: VizTracer's names.
+    CHECK_FALSE(viz.processes.count(7));
+    CHECK_FALSE(viz.names.count({7, 7}));
+    CHECK_FALSE(viz.names.count({7, 8}));
+    CHECK(viz.names.at({7, state_row_tid(7)}) == "state \xC2\xB7 python3 7");
+    CHECK(viz.names.at({7, state_row_tid(8)}) == "state \xC2\xB7 python3 8");
+    CHECK(viz.names.at({7, gil_row_tid(7)}) == "GIL \xC2\xB7 python3 7");
+    // Each thread's own row, its state row, its GIL row, in that order.
+    CHECK(viz.sort.at({7, 7}) == 0);
+    CHECK(viz.sort.at({7, state_row_tid(7)}) == 1);
+    CHECK(viz.sort.at({7, gil_row_tid(7)}) == 2);
+    CHECK(viz.sort.at({7, 8}) == 3);
+    CHECK(viz.sort.at({7, state_row_tid(8)}) == 4);
+    // Not Python: VizTracer never names it, gilscan does.
+    CHECK(viz.processes.at(20) == "sh");
+    CHECK_FALSE(viz.names.count({20, 20}));
+    CHECK(viz.names.at({20, state_row_tid(20)}) == "state \xC2\xB7 sh 20");
 }

@@ -16,12 +16,16 @@
 // colour (cname). A thread's GIL waits and holds, which overlap its states
 // partially, are on a row of their own (gil_row_tid) named "GIL · <name>"
 // beside the thread's; a process's holder track comes first in it, Python
-// processes before others. No row holds spans that overlap partially, and
+// processes before others. With TraceOptions::viztracer the states are on a
+// row of their own too, "state · <name>" (VizTracer's functions take the
+// thread's row). No row holds spans that overlap partially, and
 // no span has zero length (test/e2e/checklib.py checks every trace the
 // end-to-end tests write).
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -39,7 +43,18 @@ struct TraceOptions {
     bool runnable = true;
     bool sleeping = true;
     std::unordered_set<int32_t> pids;  // only these processes (empty: all)
+    // --viztracer: laid out to be merged with a VizTracer trace (`viztracer
+    // --combine`, which concatenates the files' events; a viewer takes a
+    // row's last name). VizTracer's function slices are on the threads' own
+    // rows (pid, tid) and it names those rows and its process: the states go
+    // on a row of their own (state_row_tid), and gilscan names neither the
+    // threads' own rows nor a Python process (finish()).
+    bool viztracer = false;
 };
+
+// The id of a thread's state row with TraceOptions::viztracer: above any
+// real tid (Linux caps pids at 2^22), below the GIL rows (gil_row_tid).
+inline int32_t state_row_tid(int32_t tid) { return static_cast<int32_t>(static_cast<uint32_t>(tid) + 0x10000000u); }
 
 // Which events a trace keeps (the options are fixed for a run). A value:
 // the relay keeps its own copy, so the stages' thread asks it without
@@ -104,6 +119,8 @@ private:
     void metadata(std::string_view what, int32_t pid, int32_t tid, std::string_view name);
     void sort_index(std::string_view what, int32_t pid, int32_t tid, int64_t index);
     void meta_event(std::string_view what, int32_t pid, int32_t tid, std::string_view args);
+    void name_process_rows(int32_t pid, const std::map<std::pair<bool, int32_t>, const ThreadStats*>& members,
+                           const std::set<std::pair<int32_t, int32_t>>& gil_rows);
 
     // Formatting numbers is most of an event's cost, and a trace repeats
     // them: the text ,"pid":P,"tid":T is kept per track (direct-mapped by
@@ -131,6 +148,7 @@ private:
 
     OutputFile& out_;
     TraceFilter filter_;
+    uint32_t state_row_offset_ = 0;  // added to a span's tid: 0, or state_row_tid's with viztracer
     char* start_ = nullptr;
     std::string big_;  // an event too large for the buffer's room (a huge stack) is built here
     uint64_t events_ = 0;
