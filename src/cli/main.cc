@@ -346,6 +346,7 @@ int main(int argc, char** argv) {
             opt.quiet_warnings = r.quiet;
             opt.quiet = r.quiet;
             opt.gil_functions = r.gil_functions;
+            opt.viztracer = r.viztracer;
             opt.progress = !r.quiet && ::isatty(2);
             int rc = run(opt);
             if (!r.quiet && !opt.output.empty()) std::fprintf(stderr, "gilscan: wrote %s\n", opt.output.c_str());

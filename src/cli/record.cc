@@ -18,6 +18,7 @@
 #include "gilscan/cli/thread_names.h"
 #include "gilscan/error.h"
 #include "gilscan/gil/probe_plan.h"
+#include "gilscan/output/pftrace_writer.h"
 
 namespace gilscan {
 
@@ -128,6 +129,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
     t.value("--summary-json", "FILE", "the per-thread summary as JSON", [&](const std::string& v) { q.r.summary_json = v; });
     t.value("--summary", "FILE", "the table to FILE (default: stderr; stdout is the program's)",
             [&](const std::string& v) { q.r.summary = v; });
+    t.flag("--viztracer", "the trace laid out to merge with a VizTracer trace (viztracer --combine)",
+           [&] { q.r.viztracer = true; });
     t.flag("--no-analyse", "only record", [&] { q.analyse = false; });
     t.flag("--keep-probes", "leave the GIL uprobes in place, in gilscan probe's group (default: removed)",
            [&] { q.keep_probes = true; });
@@ -140,6 +143,8 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
         throw UsageError("nothing to record: gilscan record -- python3 script.py, -p PID, or -a");
     if (g.pid && (!g.command.empty() || g.system_wide))
         throw UsageError("-p attaches to a running process: give no PROGRAM and no -a with it");
+    if (q.r.viztracer && (q.r.trace.empty() || is_pftrace_name(q.r.trace)))
+        throw UsageError("--viztracer lays out a JSON trace: it needs --trace FILE.json");
     if (g.duration > 0 && !g.command.empty())
         throw UsageError("--duration stops a recording that has no PROGRAM (-p, -a); a PROGRAM's ends when it exits");
     return q;

@@ -3,7 +3,8 @@
 (needs root and perf).
 
 A threaded Python program traces its own calls into a file laid out as
-VizTracer's (viztracer_like.py: VizTracer is not in Debian's archive) while
+VizTracer's (viztracer_like.py: VizTracer is not in Debian's archive; run
+by a console script named viztracer, as pip installs VizTracer's) while
 `perf record -a -k CLOCK_MONOTONIC` records the scheduler's events. The two
 traces are merged as `viztracer --combine A B` merges them (its
 ReportBuilder keeps A and appends B's traceEvents), in both orders, and
@@ -16,8 +17,9 @@ they read). Checked in both orders:
 - the two clocks agree: each 20 ms time.sleep call of VizTracer's holds
   gilscan's sleep span of that thread, which ends at the call's deadline.
 
-The same merge of the default layout fails the first two checks (the test
-can tell). Also: -j 1 and -j 2 write the same file, the clock warning on a
+The same for `gilscan record --viztracer` (GIL uprobes, threads named after
+`threading`). The same merge of the default layout fails the first two
+checks (the test can tell). Also: -j 1 and -j 2 write the same file, the clock warning on a
 recording without -k CLOCK_MONOTONIC, and the usage errors.
 
     viztracer_e2e.py GILSCAN
@@ -112,11 +114,43 @@ def check_clocks(label, merged, viz):
           f"missed, with the sleeps beside them as (start after the call's, length): {missed[:2]})")
 
 
+def viztracer_command(tmp):
+    """A console script named viztracer, as pip installs VizTracer's (its Python in the
+    first line), that runs viztracer_like.py: the process's comm is "viztracer"."""
+    path = os.path.join(tmp, "viztracer")
+    with open(path, "w") as f:
+        f.write(f"#!{PYTHON}\nimport runpy\nrunpy.run_path({os.path.join(HERE, 'viztracer_like.py')!r}, "
+                "run_name='__main__')\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def check_record(tmp):
+    """gilscan record --viztracer: its threads named after `threading`, GIL uprobes, the same merge."""
+    viz_path, trace = os.path.join(tmp, "viz-r.json"), os.path.join(tmp, "t-r.json")
+    r = subprocess.run([GILSCAN, "record", "-q", "--viztracer", "-o", os.path.join(tmp, "r2.data"), "--trace", trace,
+                        "--", viztracer_command(tmp), viz_path], capture_output=True, text=True)
+    check(r.returncode == 0 and os.path.exists(viz_path), f"record --viztracer runs ({r.stderr[-300:]})")
+    if r.returncode != 0:
+        return
+    viz = json.load(open(viz_path))
+    path = os.path.join(tmp, "m-r.json")
+    merged = combine(trace, viz_path, path)
+    check_merge("record --viztracer", merged, path, viz)
+    threads, _, _ = viewer_names(merged)
+    named = sorted(n for n in threads.values() if n.startswith(("state \u00b7 worker-", "GIL \u00b7 worker-")))
+    check(len(named) == 6, f"record --viztracer: each worker's state and GIL rows carry its threading name ({named})")
+    r = subprocess.run([GILSCAN, "record", "--viztracer", "--trace", os.path.join(tmp, "x.pftrace"), "--", "true"],
+                       capture_output=True, text=True)
+    check(r.returncode == 2 and "--viztracer lays out a JSON trace" in r.stderr, "record --viztracer with a .pftrace: usage error")
+
+
 def main(tmp):
     viz_path, data = os.path.join(tmp, "viz.json"), os.path.join(tmp, "r.data")
     # System-wide: a timer's wake-up of a sleeper fires on whatever the CPU ran.
+    # Through a script named viztracer: with no GIL events, its comm says it is Python.
     r = subprocess.run(["perf", "record", "-q", "-a", "-k", "CLOCK_MONOTONIC", *SCHED, "-o", data, "--",
-                        PYTHON, os.path.join(HERE, "viztracer_like.py"), viz_path], capture_output=True, text=True)
+                        viztracer_command(tmp), viz_path], capture_output=True, text=True)
     check(r.returncode == 0 and os.path.exists(viz_path), f"recorded with the VizTracer-like trace ({r.stderr[-300:]})")
     if r.returncode != 0:
         return
@@ -132,6 +166,8 @@ def main(tmp):
         merged = combine(first, second, path)
         check_merge(label, merged, path, viz)
         check_clocks(label, merged, viz)
+
+    check_record(tmp)
 
     # The default layout, merged after VizTracer's: names taken over, rows overlapping.
     r = subprocess.run([GILSCAN, data, "-q", "--running", "-o", default], capture_output=True, text=True)

@@ -29,6 +29,7 @@ struct RecordResult {
     std::string summary;       // --summary FILE: the table there, not on stderr ("" = stderr)
     bool quiet = false;
     bool gil_functions = false;  // --gil-functions: recorded for it, analysed with it
+    bool viztracer = false;      // --viztracer: the trace's layout (TraceOptions::viztracer)
 };
 
 // Throws gilscan::Error with a user-facing sentence for the problems users hit.
