@@ -290,7 +290,6 @@ TEST_CASE("with a reader thread, MMAP records reach set_mmap_seen as read, and i
     std::condition_variable cv;
     std::vector<std::string> seen;
     bool idle_ran = false;
-    int idle_calls = 0;
     std::atomic<uint64_t> samples{0};
     s.set_mmap_seen([&](const MmapEvent& e) {
         std::unique_lock<std::mutex> l(mu);
@@ -303,7 +302,6 @@ TEST_CASE("with a reader thread, MMAP records reach set_mmap_seen as read, and i
     });
     s.set_stages_idle([&] {
         std::lock_guard<std::mutex> l(mu);
-        ++idle_calls;
         if (idle_ran || seen.empty()) return false;
         CHECK(samples.load() == 0);
         idle_ran = true;
@@ -318,8 +316,11 @@ TEST_CASE("with a reader thread, MMAP records reach set_mmap_seen as read, and i
     s.run(count);
     CHECK(samples.load() == 20000);
     std::lock_guard<std::mutex> l(mu);
+    // The piece of work ran, before any record reached the stages. Whether
+    // they ask again ("no more") is the reader's pace: a batch queued while
+    // the work ran is taken first, and with the reader ahead the queue may
+    // never run dry again before the end.
     CHECK(idle_ran);
-    CHECK(idle_calls >= 2);  // the piece of work, then "no more"
     CHECK(seen == std::vector<std::string>{"/usr/bin/python3.11", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/tmp/data.bin"});
 }
 
