@@ -22,7 +22,7 @@ The same for `gilscan record --viztracer` (GIL uprobes, threads named after
 checks (the test can tell). Also: -j 1 and -j 2 write the same file, the clock warning on a
 recording without -k CLOCK_MONOTONIC, and the usage errors.
 
-    viztracer_e2e.py GILSCAN
+    viztracer_e2e.py GILSCAN        (KEEP=1: keep the recordings and traces, in /tmp/gilscan-viz-*)
 """
 import json
 import os
