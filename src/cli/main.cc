@@ -23,7 +23,6 @@
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output/output_file.h"
-#include "gilscan/output/pftrace_writer.h"
 #include "gilscan/cli/probe.h"
 #include "gilscan/cli/record.h"
 #include "gilscan/cli/top.h"
@@ -160,8 +159,7 @@ Options parse_args(int argc, char** argv) {
     try {
         if (!t.parse(argc, argv, 1)) std::exit(std::fflush(stdout) == 0 ? 0 : 1);
         if (o.input.empty()) throw gilscan::UsageError("no input file");
-        if (o.viztracer && (o.output.empty() || gilscan::is_pftrace_name(o.output)))
-            throw gilscan::UsageError("--viztracer lays out a JSON trace: it needs -o FILE.json");
+        if (o.viztracer) gilscan::require_json_trace("-o", o.output);
     } catch (const gilscan::UsageError& e) {
         usage_error(t.command(), e.what());
     }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "gilscan/output/pftrace_writer.h"
+
 namespace gilscan {
 
 namespace {
@@ -112,6 +114,11 @@ std::string OptionTable::help() const {
 std::string non_empty(std::string_view option, const std::string& value, std::string_view what) {
     if (value.empty()) throw UsageError(std::string(option) + " needs " + std::string(what));
     return value;
+}
+
+void require_json_trace(std::string_view trace_option, const std::string& trace) {
+    if (trace.empty() || is_pftrace_name(trace))
+        throw UsageError("--viztracer lays out a JSON trace: it needs " + std::string(trace_option) + " FILE.json");
 }
 
 double cli_seconds(std::string_view option, const std::string& value, double min) {

@@ -18,7 +18,6 @@
 #include "gilscan/cli/thread_names.h"
 #include "gilscan/error.h"
 #include "gilscan/gil/probe_plan.h"
-#include "gilscan/output/pftrace_writer.h"
 
 namespace gilscan {
 
@@ -143,8 +142,7 @@ std::optional<RecordRequest> parse_record_args(int argc, char** argv) {
         throw UsageError("nothing to record: gilscan record -- python3 script.py, -p PID, or -a");
     if (g.pid && (!g.command.empty() || g.system_wide))
         throw UsageError("-p attaches to a running process: give no PROGRAM and no -a with it");
-    if (q.r.viztracer && (q.r.trace.empty() || is_pftrace_name(q.r.trace)))
-        throw UsageError("--viztracer lays out a JSON trace: it needs --trace FILE.json");
+    if (q.r.viztracer) require_json_trace("--trace", q.r.trace);
     if (g.duration > 0 && !g.command.empty())
         throw UsageError("--duration stops a recording that has no PROGRAM (-p, -a); a PROGRAM's ends when it exits");
     return q;

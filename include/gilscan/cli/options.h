@@ -88,6 +88,9 @@ inline constexpr int32_t kMaxPid = 4194304;
 
 // A value that must not be empty ("--perf-maps needs a directory").
 std::string non_empty(std::string_view option, const std::string& value, std::string_view what);
+// --viztracer (gilscan FILE's and record's): it lays out a JSON trace, so the
+// trace option (`-o`, `--trace`) must name one, not a .pftrace or nothing.
+void require_json_trace(std::string_view trace_option, const std::string& trace);
 // A number of seconds, more than 0 and at least `min` (and at most 1e7).
 double cli_seconds(std::string_view option, const std::string& value, double min = 0);
 
