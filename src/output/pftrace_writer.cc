@@ -303,19 +303,23 @@ void PftraceWriter::emit_large(const Track& t, uint64_t time, bool back, size_t 
     write_packet(packet);
 }
 
-// Only labelled sleeps: a plain state ("S", "D", "R+", …) is drawn by
-// Perfetto from the scheduler's events.
+// Labelled sleeps, and sleeps with a stack (--sleep-stacks): a plain state
+// ("S", "D", "R+", …) is drawn by Perfetto from the scheduler's events, and
+// has nothing to add to it but its stack. The stack is the JSON trace's
+// args.stack text (a JSON array of frames), interned: it repeats.
 void PftraceWriter::span(const Span& s) {
-    if (s.evidence.empty() || s.name == s.state || !filter_.wanted(s.tgid) || s.end <= s.start) return;
+    const bool labelled = !s.evidence.empty() && s.name != s.state;
+    if ((!labelled && s.stack_json.empty()) || !filter_.wanted(s.tgid) || s.end <= s.start) return;
     Track& t = track(Kind::Thread, s.tgid, s.tid);
     if (!t.started) start_sequence(t, s.start);
     const uint64_t name = event_name(t, s.name);
     begin(kSliceBegin, name);
     annotation(t, kState, s.state);
-    annotation(t, kEvidence, s.evidence);
+    if (labelled) annotation(t, kEvidence, s.evidence);
     if (!s.function.empty()) annotation(t, kFunction, s.function);
     if (s.waker > 0) annotation(kWaker, s.waker);
     if (s.cut_at_end) annotation(kCutAtEnd, 1);
+    if (!s.stack_json.empty()) annotation(t, kStack, s.stack_json);
     emit(t, s.start);
     begin(kSliceEnd, 0);
     emit(t, s.end);

@@ -104,7 +104,9 @@ inline void Timeline::emit_as(Thread& th, uint64_t start, uint64_t end, bool cut
         break;
     }
     if (!spans_wanted_) return;
-    if (!plain_spans_wanted_ && (th.state != SpanKind::Sleep || th.label.name == th.state_letters)) return;
+    if (!plain_spans_wanted_ &&
+        (th.state != SpanKind::Sleep || (th.label.name == th.state_letters && th.label.stack().empty())))
+        return;
     Span s = span_of(th, start, end, cut);
     s.name = name;
     if (th.state == SpanKind::Sleep) {

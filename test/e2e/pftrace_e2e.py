@@ -120,6 +120,13 @@ def trace_sched(trace):
     return switches, wakes, unresolved
 
 
+def annotation(q, a):
+    """(name, value) of a debug annotation; a stack (the JSON trace's args.stack text) as its frames."""
+    name = q["annotations"][a.name_iid]
+    value = q["strings"][a.string_value_iid] if a.HasField("string_value_iid") else a.int_value
+    return (name, tuple(json.loads(value))) if name == "stack" else (name, value)
+
+
 def trace_tracks(trace):
     """gilscan's tracks: slices and counter values by track, and nesting problems.
 
@@ -157,9 +164,7 @@ def trace_tracks(trace):
                 ts = q["clock"]
             else:
                 ts = p.timestamp
-            args = tuple(sorted((q["annotations"][a.name_iid],
-                                 q["strings"][a.string_value_iid] if a.HasField("string_value_iid") else a.int_value)
-                                for a in e.debug_annotations))
+            args = tuple(sorted(annotation(q, a) for a in e.debug_annotations))
             name = q["names"][e.name_iid] if e.HasField("name_iid") else None
             track = e.track_uuid if e.HasField("track_uuid") else q["track"]
             # As Perfetto sorts: by timestamp, the file's order between equal ones.
@@ -208,8 +213,10 @@ def json_tracks(path):
             args = (("holder", a["holder"]),) + ((("culprit", a["culprit"]),) if "culprit" in a else ())
             key = ("holder", e["pid"], names[(e["pid"], e["tid"])])
             slices[(key, e["name"], start, end, tuple(sorted(args)))] += 1
-        elif e["name"].startswith("S(GIL"):
-            args = [("state", a["state"]), ("evidence", a["evidence"])]
+        elif e["name"].startswith("S(GIL") or "stack" in a:
+            # Labelled sleeps, and with --sleep-stacks every sleep with a stack.
+            args = [("state", a["state"])] + ([("evidence", a["evidence"])] if e["name"].startswith("S(GIL") else [])
+            args += [("stack", tuple(a["stack"]))] if "stack" in a else []
             args += [("function", a["function"])] if "function" in a else []
             args += [("waker", a["waker"])] if a.get("waker", 0) > 0 else []
             slices[(("thread", e["pid"], e["tid"]), e["name"], start, end, tuple(sorted(args + list(cut))))] += 1
@@ -292,6 +299,18 @@ results = {}
 for rec in ("gil_combined", "system_wide", "gil_stacks", "blame_py312", "blame_debian", "gil_subinterp", "pipe",
             "stacks_py312_xperf"):
     results[rec] = check_recording(rec)
+
+# --sleep-stacks: each sleep's stack on its slice, plain sleeps' too.
+stacks = check_recording("gil_stacks", extra=("--sleep-stacks", "8"))
+if stacks:
+    with_stack = [s for s in stacks["slices"] if any(a[0] == "stack" for a in s[4])]
+    check(any(s[1] == "S" for s in with_stack) and any(s[1] == "S(GIL)" for s in with_stack),
+          f"gil_stacks --sleep-stacks 8: plain and GIL sleeps carry their stacks ({len(with_stack)} slices)")
+    # (An inlined function is a line of its own in its caller's frame.)
+    user = [[f for f in dict(s[4])["stack"] if not f.endswith("([kernel])") and not f.startswith("[inlined]")]
+            for s in with_stack]
+    check(all(0 < len(u) <= 8 for u in user), "gil_stacks --sleep-stacks 8: the kernel's frames and up to 8 of the "
+          f"program's ({sorted({len(u) for u in user})})")
 
 sw = results.get("system_wide")
 if sw:

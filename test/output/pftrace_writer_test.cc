@@ -251,6 +251,43 @@ TEST_CASE("pftrace: only labelled sleeps of the timeline's spans, strings intern
     CHECK(field(threads[1].bytes, 3) == 100);
 }
 
+// --sleep-stacks: a sleep's stack is its slice's "stack" string (the JSON
+// trace's args.stack text), interned once per sequence; a plain sleep with
+// a stack gets a slice of its own, without evidence; one without, none.
+TEST_CASE("pftrace: sleeps' stacks, plain or labelled, as an interned stack annotation") {
+    const std::string stack = R"j(["take_gil+0x12 (libpython3.12.so)","main (python3)"])j";
+    const Written w = write([&](PftraceWriter& pw) {
+        Span plain;
+        plain.tgid = 100, plain.tid = 101, plain.start = 10, plain.end = 20;
+        plain.kind = SpanKind::Sleep, plain.name = "S", plain.state = "S";
+        pw.span(plain);  // no stack: Perfetto's own
+        plain.stack_json = R"j(["do_select (libc.so.6)"])j";
+        plain.start = 20, plain.end = 25;
+        pw.span(plain);
+        Span gil = plain;
+        gil.name = "S(GIL)", gil.evidence = "inside take_gil (stack)", gil.stack_json = stack;
+        gil.start = 30, gil.end = 40;
+        pw.span(gil);
+        gil.start = 50, gil.end = 60;
+        pw.span(gil);
+    });
+    REQUIRE(w.events.size() == 6);
+    CHECK(w.events[0].name == "S");
+    CHECK(w.events[0].ts == 20);
+    CHECK(w.events[0].args == std::vector<std::pair<std::string, std::string>>{
+                                  {"state", "S"}, {"stack", R"j(["do_select (libc.so.6)"])j"}});
+    CHECK(w.events[1].ts == 25);
+    CHECK(w.events[2].name == "S(GIL)");
+    CHECK(w.events[2].args == std::vector<std::pair<std::string, std::string>>{
+                                  {"state", "S"}, {"evidence", "inside take_gil (stack)"}, {"stack", stack}});
+    CHECK(w.events[4].args == w.events[2].args);
+    size_t stack_entries = 0;
+    for (const auto& p : w.packets)
+        for (const auto& in : fields_of(p, 12))
+            for (const auto& e : fields_of(in.bytes, 29)) stack_entries += fields_of(e.bytes, 2).at(0).bytes == stack;
+    CHECK(stack_entries == 1);
+}
+
 // Thousands of tracks (the lookup table grows past its first size) and
 // more strings on one track than its scanned list holds.
 TEST_CASE("pftrace: every event on its own thread's track among thousands; strings past the scanned few interned once") {

@@ -421,8 +421,10 @@ TEST_CASE("a sink that wants no spans gets none, and every thread's figures are 
     }
 }
 
-TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full run, with the same figures") {
-    // A .pftrace's writer: Perfetto draws the plain states itself.
+TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full run, and sleeps with a stack") {
+    // A .pftrace's writer: Perfetto draws the plain states itself, and a
+    // sleep's stack (--sleep-stacks) is all it adds to a plain one. Here
+    // every other sleep has a stack, plain or labelled.
     struct Labelled : Collect {
         bool wants_plain_spans() const override { return false; }
     };
@@ -432,13 +434,24 @@ TEST_CASE("a sink that wants labelled sleeps only gets exactly those of a full r
     for (bool all : {true, false}) {
         Collect collect;
         Labelled labelled;
-        figures.push_back(run_timeline(path, all ? static_cast<SpanSink&>(collect) : labelled,
-                                       [](GilTracker& gil) { return gil_probe_classifier(gil); }));
+        size_t sleeps = 0;
+        figures.push_back(run_timeline(path, all ? static_cast<SpanSink&>(collect) : labelled, [&](GilTracker& gil) {
+            return [&, by_probes = gil_probe_classifier(gil)](const Sample& smp, const EventInfo& ev,
+                                                             const PrevState& ps, SleepLabel& l) {
+                by_probes(smp, ev, ps, l);
+                if (++sleeps % 2 == 0) l.stack_json = R"j(["frame (x.so)"])j";
+            };
+        }));
         got[all] = all ? collect.spans : labelled.spans;
     }
     std::vector<CollectedSpan> expected;
+    size_t plain_with_stack = 0;
     for (const CollectedSpan& sp : got[1])
-        if (sp.kind == SpanKind::Sleep && sp.name != "S") expected.push_back(sp);
+        if (sp.kind == SpanKind::Sleep && (sp.name != "S" || sp.has_stack)) {
+            expected.push_back(sp);
+            plain_with_stack += sp.name == "S";
+        }
+    CHECK(plain_with_stack >= 3);
     CHECK(expected.size() > 10);
     CHECK(expected.size() < got[1].size() / 2);
     CHECK(got[0].size() == expected.size());

@@ -134,18 +134,20 @@ struct CollectedSpan {
     std::string name;
     int32_t waker;
     bool cut, woken_before;
+    bool has_stack = false;
 };
 
 inline bool operator==(const CollectedSpan& a, const CollectedSpan& b) {
     return a.tgid == b.tgid && a.tid == b.tid && a.start == b.start && a.end == b.end && a.kind == b.kind &&
-           a.name == b.name && a.waker == b.waker && a.cut == b.cut && a.woken_before == b.woken_before;
+           a.name == b.name && a.waker == b.waker && a.cut == b.cut && a.woken_before == b.woken_before &&
+           a.has_stack == b.has_stack;
 }
 
 struct Collect : SpanSink {
     std::vector<CollectedSpan> spans;
     void span(const Span& s) override {
         spans.push_back({s.tgid, s.tid, s.start, s.end, s.kind, std::string(s.name), s.waker, s.cut_at_end,
-                         s.woken_before_switch});
+                         s.woken_before_switch, !s.stack_json.empty()});
     }
     std::vector<CollectedSpan> of(int32_t tid, SpanKind k) const {
         std::vector<CollectedSpan> out;

@@ -69,7 +69,7 @@ public:
     PftraceWriter(OutputFile& out, TraceOptions opt, const PftraceSystem& sys);
 
     void span(const Span& s) override;
-    bool wants_plain_spans() const override { return false; }  // labelled sleeps only (span())
+    bool wants_plain_spans() const override { return false; }  // labelled sleeps, sleeps' stacks (span())
     void name_thread(int32_t pid, int32_t tid, std::string_view name) override;
     void gil_span(int32_t pid, int32_t tid, GilSpan what, uint32_t gil, uint64_t start_ns, uint64_t end_ns, bool cut) override;
     void gil_holder(int32_t pid, int32_t track_tid, int32_t holder, uint64_t start_ns, uint64_t end_ns,
@@ -103,9 +103,9 @@ public:
     // Names interned in every sequence's first packet (iid = index + 1):
     // event names, then debug annotation names.
     static constexpr std::array<std::string_view, 2> kEventNames{"GIL wait", "LOCK"};
-    enum Annotation : uint8_t { kGil = 1, kCutAtEnd, kHolder, kCulprit, kState, kEvidence, kFunction, kWaker };
-    static constexpr std::array<std::string_view, 8> kAnnotationNames{"gil",   "cut_at_end", "holder",   "culprit",
-                                                                      "state", "evidence",   "function", "waker"};
+    enum Annotation : uint8_t { kGil = 1, kCutAtEnd, kHolder, kCulprit, kState, kEvidence, kFunction, kWaker, kStack };
+    static constexpr std::array<std::string_view, 9> kAnnotationNames{
+        "gil", "cut_at_end", "holder", "culprit", "state", "evidence", "function", "waker", "stack"};
 
 private:
     static TraceOptions by_pid_only(TraceOptions opt) {

@@ -139,9 +139,10 @@ public:
     // (a summary-only run). Asked once, by the Timeline's constructor.
     virtual bool wants_spans() const { return true; }
     // False: of the spans, only labelled sleeps (named otherwise than their
-    // state, as "S(GIL)") are handed on; the rest are counted, not built (a .pftrace
-    // writes no others: Perfetto draws the plain states from the
-    // scheduler's events). Asked once, as wants_spans().
+    // state, as "S(GIL)") and sleeps with a stack (--sleep-stacks) are handed
+    // on; the rest are counted, not built (a .pftrace writes no others:
+    // Perfetto draws the plain states from the scheduler's events). Asked
+    // once, as wants_spans().
     virtual bool wants_plain_spans() const { return true; }
 };
 
