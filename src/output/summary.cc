@@ -211,8 +211,12 @@ std::string comm_column(const std::string& comm) {
 // GilThreadStats::gil_mask: "1,3"; "-" for none; bit 63 stands for 64 and up.
 std::string gil_numbers(uint64_t mask) {
     std::string s;
-    for (unsigned k = 0; k < 64; ++k)
-        if (mask >> k & 1) s += (s.empty() ? "" : ",") + std::to_string(k + 1) + (k == 63 ? "+" : "");
+    for (unsigned k = 0; k < 64; ++k) {
+        if (!(mask >> k & 1)) continue;
+        if (!s.empty()) s += ',';
+        s += std::to_string(k + 1);
+        if (k == 63) s += '+';
+    }
     return s.empty() ? "-" : s;
 }
 
