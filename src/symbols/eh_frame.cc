@@ -91,14 +91,22 @@ bool standard_rules(Bytes ins) {
     return true;
 }
 
-std::optional<Cie> read_cie(const ElfFile& elf, uint64_t at) {
-    auto ci = cursor_at(elf, at, 4);
-    if (!ci) return std::nullopt;
-    const uint32_t len = ci->read<uint32_t>();
+// A CIE or FDE at `at`: a cursor over its 32-bit length and what that
+// length covers, placed past the length. 64-bit entries (length
+// 0xffffffff) are not written for x86-64 code, and are refused.
+std::optional<Cursor> entry_at(const ElfFile& elf, uint64_t at) {
+    auto c = cursor_at(elf, at, 4);
+    if (!c) return std::nullopt;
+    const uint32_t len = c->read<uint32_t>();
     if (len < 8 || len == 0xffffffffu) return std::nullopt;
-    ci = cursor_at(elf, at, 4 + uint64_t{len});
+    c = cursor_at(elf, at, 4 + uint64_t{len});
+    if (c) c->skip(4);
+    return c;
+}
+
+std::optional<Cie> read_cie(const ElfFile& elf, uint64_t at) {
+    auto ci = entry_at(elf, at);
     if (!ci) return std::nullopt;
-    ci->skip(4);
     if (ci->read<uint32_t>() != 0) return std::nullopt;  // CIE id
     uint8_t version = ci->read<uint8_t>();
     std::string aug(ci->cstring());
@@ -147,13 +155,8 @@ std::optional<Fde> fde_at(const ElfFile& elf, uint64_t pc) {
     try {
         const uint64_t fde = fde_for(elf, pc);
         if (!fde) return std::nullopt;
-        auto f = cursor_at(elf, fde, 4);
+        auto f = entry_at(elf, fde);
         if (!f) return std::nullopt;
-        const uint32_t len = f->read<uint32_t>();
-        if (len < 8 || len == 0xffffffffu) return std::nullopt;
-        f = cursor_at(elf, fde, 4 + uint64_t{len});
-        if (!f) return std::nullopt;
-        f->skip(4);
         const uint64_t cie_field = fde + 4;
         const uint32_t cie_ptr = f->read<uint32_t>();
         if (cie_ptr == 0 || cie_ptr > cie_field) return std::nullopt;
