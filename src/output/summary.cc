@@ -350,6 +350,7 @@ nlohmann::json thread_json(const ThreadSummary& t) {
     r["runnable_us"] = us(t.st.runnable_ns);
     r["hidden_switch_ins"] = t.st.hidden_switch_ins;
     r["hidden_switch_in_us"] = us(t.st.hidden_switch_in_ns);
+    r["hidden_wakeups"] = t.st.hidden_wakeups;
     r["sleep_us"] = us(t.st.sleep_ns);
     r["sleep_count"] = t.st.sleep_count;
     r["disk_sleep_us"] = us(t.st.disk_ns);

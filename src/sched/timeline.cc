@@ -27,6 +27,20 @@ __attribute__((noinline)) Timeline::Thread& Timeline::add_thread(int32_t tid) {
     return th;
 }
 
+// Running now, while asleep as far as the recording shows: a per-process
+// recording sees neither a wake-up by another process's task (an interrupt
+// on an idle CPU included: the kernel hands such wakings to the woken
+// task's events on some kernels, not on others) nor the switch-in that
+// follows. The sleep ends here, at the first sign of life; the time from
+// the real wake-up to it stays in the sleep.
+void Timeline::hidden_wakeup(Thread& th, uint64_t t) {
+    if (!window_ || window_->contains(t)) ++th.st.hidden_wakeups;
+    close(th, t, false);
+    th.state = SpanKind::Running;
+    th.state_letters = "R";
+    th.since = t;
+}
+
 // Running now, but its switch-in was not recorded: the interval since the
 // wake-up/preemption cannot be split into runnable and running.
 void Timeline::hidden_switch_in(Thread& th, uint64_t t) {
@@ -287,7 +301,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
             if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
             touch(p, t);
             uint64_t last_own = p.last_own;
-            own_event(p, t, true);
+            own_event<true>(p, t, true);
             p.last_own = last_own;  // the race check below wants the task's previous sign of life
             const PrevState& ps = dec_.prev_state(ev, sw.prev_state);
             switch_out(p, t, s.cpu, ps, s, ev);

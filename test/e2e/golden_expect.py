@@ -19,6 +19,9 @@ Rules mirrored here (the spec, restated on perf's text):
   switch, then enqueues the task, and its sched_wakeup ends the sleep;
 - a woken or preempted thread seen as the current task of a sample is
   running from then on (its switch-in was not recorded);
+- a sleeping (S, D or other) thread seen as the current task of a sample
+  other than its switch-out is running from then on, its sleep ended there
+  (neither its wake-up nor its switch-in was recorded);
 - a thread's state ends at its exit, the first of PERF_RECORD_EXIT (perf
   script --show-task-events) and sched:sched_process_exit naming it: a sleep
   open then ends there, and nothing after it changes the thread.
@@ -305,6 +308,9 @@ def main(path, time_arg=None):
                     monitored.add(cur)  # wakers reach the woken task's events from any process
                 x = T(cur)
                 if x["state"] == "R":  # running now: its switch-in was not recorded
+                    x["state"], x["since"] = "running", t
+                elif x["state"] in ("S", "D", "other") and t > x["since"]:
+                    end_wait(cur, t)  # running while asleep: neither its wake-up nor its switch-in was recorded
                     x["state"], x["since"] = "running", t
             if ev in ("sched:sched_waking", "sched:sched_wakeup", "sched:sched_wakeup_new"):
                 tid = int(f["pid"])

@@ -49,6 +49,7 @@ SANITIZED = "ASAN_OPTIONS" in os.environ
 WHOLE_TOLERANCE = 0.005     # the whole run's summary, as gilscan FILE's figures (and 1 ms)
 SWITCH = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):\s+\S*sched_switch:.*prev_pid=(\d+).*prev_state=(\S+)"
                     r".*next_pid=(\d+)")
+OWN = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):")  # any event's task and time
 WAKING = re.compile(r"^\s*(\d+)\s+(\d+)\.(\d{9}):\s+\S*sched_waking:.*\bpid=(\d+)")
 
 
@@ -58,13 +59,15 @@ def own_groups():
 
 def running_in(truth, windows, tids):
     """Per window and tid: ns on a CPU, from the truth's sched_switch (system-wide: every switch),
-    as a recording of the program sees it (docs/usage.md, gilscan top): a switch-in by another
-    process's task is not in it, so a thread preempted, or woken by one of the program's threads,
-    and then switched in by another process's task counts as running from the preemption or the
-    waking on."""
+    as a recording of the program sees it (docs/figures.md, "Per-process recordings"): a
+    switch-in by another process's task is not in it, nor (on this kernel) a wake-up by one. So
+    a thread preempted, or woken by one of the program's threads, and then switched in by
+    another process's task counts as running from the preemption or the waking on; one woken
+    and switched in by other processes' tasks both, from its first own event (a probe, a wake-up
+    it makes) on, and not at all if it switches out first."""
     text = subprocess.run(["perf", "script", "-i", truth, "--ns", "-F", "tid,time,event,trace"],
                           capture_output=True, text=True, check=True).stdout
-    since, preempted, out = {}, {}, [dict.fromkeys(tids, 0) for _ in windows]
+    since, preempted, unseen, out = {}, {}, set(), [dict.fromkeys(tids, 0) for _ in windows]
 
     def add(tid, a, b):
         for i, (lo, hi) in enumerate(windows):
@@ -72,6 +75,10 @@ def running_in(truth, windows, tids):
             if d > 0:
                 out[i][tid] += d
     for line in text.splitlines():
+        own = OWN.match(line)
+        if own and int(own.group(1)) in unseen and "sched_switch" not in line:
+            unseen.discard(int(own.group(1)))
+            since[int(own.group(1))] = int(own.group(2)) * 10**9 + int(own.group(3))
         w = WAKING.match(line)
         if w:
             waker, wakee = int(w.group(1)), int(w.group(4))
@@ -85,12 +92,24 @@ def running_in(truth, windows, tids):
         prev, state, nxt = int(m.group(4)), m.group(5), int(m.group(6))
         if prev in tids and prev in since:
             add(prev, since.pop(prev), t)
+        unseen.discard(prev)
         if prev in tids and state.startswith("R"):
             preempted[prev] = t
         if nxt in tids:
-            at = preempted.pop(nxt, t)
-            since[nxt] = t if prev in tids else at
+            at = preempted.pop(nxt, None)
+            if prev in tids:
+                since[nxt] = t
+            elif at is not None:
+                since[nxt] = at
+            else:
+                unseen.add(nxt)
     return out
+
+
+def truth_losses(truth):
+    """The truth recording's LOST and LOST_SAMPLES lines (perf report --stats), to tell a miss from a gap in it."""
+    out = subprocess.run(["perf", "report", "-i", truth, "--stats"], capture_output=True, text=True).stdout
+    return ", ".join(" ".join(l.split()) for l in out.splitlines() if "LOST" in l and l.split()[-2:] != ["0", "(0.0%)"])
 
 
 def truth_gil(truth, lo, hi):
@@ -120,6 +139,7 @@ def compare_intervals(rows, truth, pid, may_retry=False):
     windows = [(r["start_ns"], r["end_ns"]) for r in rows]
     run = running_in(truth, windows, tids)
     worst = {"cpu": 0.0, "held": 0.0, "wait": 0.0, "gil": 0.0}
+    cpu_rows = []  # (interval, thread, ours, the truth's): printed when the cpu figures miss
     for i, r in enumerate(rows):
         span = r["end_ns"] - r["start_ns"]
         # On-CPU time is the process's own scheduler events' (as record -p):
@@ -140,6 +160,8 @@ def compare_intervals(rows, truth, pid, may_retry=False):
                 figures.append(("cpu", t["running_us"] * 1000, run[i][t["tid"]]))
             for key, ours, theirs in figures:
                 worst[key] = max(worst[key], abs(ours - theirs) / span)
+                if key == "cpu":
+                    cpu_rows.append(f"{i} {t['name']} {ours / 1e6:.1f} ms, the truth's {theirs / 1e6:.1f} ms")
                 if os.environ.get("TOP_DEBUG"):
                     print(i, t["name"], key, ours, theirs, span)
         for gl in r["gils"]:
@@ -148,6 +170,9 @@ def compare_intervals(rows, truth, pid, may_retry=False):
                 for ours, theirs in ((gl["held_us"], tg["held_ns"]), (gl["contended_us"], tg["contended_ns"]),
                                      (gl["waiting_us"], tg["waiting_ns"])):
                     worst["gil"] = max(worst["gil"], abs(ours * 1000 - theirs) / span)
+    if worst["cpu"] > INTERVAL_TOLERANCE and not SANITIZED:
+        print("note: the cpu figures (interval, thread, gilscan top's, the truth's): " + "; ".join(cpu_rows))
+        print(f"note: the truth's losses: {truth_losses(truth) or 'none'}")
     if may_retry and not SANITIZED and worst["cpu"] > INTERVAL_TOLERANCE and \
             all(w <= INTERVAL_TOLERANCE for k, w in worst.items() if k != "cpu"):
         # What a per-process recording cannot see grows with the CPU other

@@ -174,6 +174,34 @@ TEST_CASE("switch-in never recorded (per-process recording): woken time counts a
     CHECK(a.cpu_wide);
 }
 
+// Some kernels hand a per-process recording neither a wake-up by another
+// process's task nor the switch-in after it: the sleeper is next seen
+// running. Its sleep ends there; its switch-out ends one itself.
+TEST_CASE("wake-up and switch-in never recorded: the sleep ends at the thread's first own event") {
+    SchedRecording r;
+    r.switch_(10, 0, 10, 11, 1, 99);  // 11 sleeps; next is another process's task
+    r.waking(50, 1, 10, 11, 12);      // 11 is current here: woken and switched in unseen
+    r.switch_(80, 0, 10, 11, 1, 99);  // and sleeps again
+    r.switch_(120, 0, 10, 11, 1, 99); // its switch-out, asleep as far as the recording shows
+    r.waking(130, 1, 10, 12, 11);
+    r.switch_(140, 1, 10, 12, 1, 11);
+    Analysis a = analyse_bytes(r.w.build());
+    const ThreadStats* t = a.thread(11);
+    REQUIRE(t);
+    CHECK(t->hidden_wakeups == 1);
+    CHECK(t->hidden_switch_ins == 0);
+    const auto sleeps = a.spans.of(11, SpanKind::Sleep);
+    REQUIRE(sleeps.size() == 3);
+    CHECK(sleeps[0].start == 10);
+    CHECK(sleeps[0].end == 50);
+    CHECK(sleeps[1].start == 80);
+    CHECK(sleeps[1].end == 120);  // ended by its switch-out: no running span of zero length
+    CHECK(sleeps[2].end == 130);
+    CHECK(t->running_ns == 80 - 50);
+    CHECK(t->sleep_ns == 40 + 40 + 10);
+    CHECK(a.spans.of(11, SpanKind::Running).size() == 2);  // 50-80, and from 140 to the end
+}
+
 TEST_CASE("LOST: states of threads last seen on that CPU become unknown until their next event") {
     // CPU numbers as machines have them, and beyond the timeline's array of
     // them (a damaged or foreign file): the same result.

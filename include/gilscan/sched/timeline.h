@@ -19,6 +19,11 @@
 // process's task. A thread woken or preempted and next seen as the current
 // task of a sample was switched in unseen: that interval is "on a CPU or
 // waiting for one" and is counted as running (hidden_switch_ins counts them).
+// Some kernels do not hand a wake-up by another process's task (an
+// interrupt on an idle CPU included) to the woken task's events either: a
+// sleeping thread seen as the current task of a sample other than its
+// switch-out was woken and switched in unseen, and its sleep ends there
+// (hidden_wakeups counts them).
 // Spans are emitted only for monitored threads (seen as a sample's current
 // task): a per-process recording names other processes' tasks only as
 // switch-in targets and wake-up targets, whose states it cannot follow.
@@ -156,6 +161,7 @@ struct ThreadStats {
     uint64_t switches_out = 0;
     uint64_t hidden_switch_ins = 0;  // woken/preempted, then seen running with no switch-in
     uint64_t hidden_switch_in_ns = 0;  // the time from those wake-ups/preemptions to being seen running
+    uint64_t hidden_wakeups = 0;  // seen running while asleep: neither wake-up nor switch-in recorded
     bool exited = false;
     bool replaced_by_exec = false;  // the program this entry describes exec'd another
     bool seen_switch = false;
@@ -322,17 +328,24 @@ private:
         if (t < th.st.first_seen) th.st.first_seen = t;
         if (t > th.st.last_seen) th.st.last_seen = t;
     }
-    // An event of th's own (th is running at t).
+    // An event of th's own (th is running at t). A sleeping thread's own
+    // event other than its switch-out (which ends the sleep itself) means
+    // its wake-up and switch-in both went unrecorded: hidden_wakeup.
+    template <bool kSwitchOut = false>
     void own_event(Thread& th, uint64_t t, bool proves_monitored) {
-        // Wake-up tracepoints are delivered to the woken task's events (__perf_task)
-        // with the waker as the sample's task: a waker from an unrecorded process
-        // shows up there, so only other samples prove a thread is recorded.
+        // Wake-up tracepoints can reach the woken task's events (__perf_task)
+        // with the waker as the sample's task: a waker from an unrecorded
+        // process can show up there, so only other samples prove a thread is
+        // recorded.
         if (proves_monitored) th.st.monitored = true;
-        if (th.known && th.state == SpanKind::Runnable && t > th.since) [[unlikely]]
-            hidden_switch_in(th, t);
+        if (th.known && th.state != SpanKind::Running && t > th.since) [[unlikely]] {
+            if (th.state == SpanKind::Runnable) hidden_switch_in(th, t);
+            else if (!kSwitchOut && th.state != SpanKind::Unknown) hidden_wakeup(th, t);
+        }
         th.last_own = t;
     }
     void hidden_switch_in(Thread& th, uint64_t t);
+    void hidden_wakeup(Thread& th, uint64_t t);
     void sched_sample(const Sample& s, const EventInfo& ev, TpKind k);
     // A sample of a running task's own (a GIL probe's): as sched_sample
     // begins for the scheduler's events other than sched_switch. (Apart from it: with one
