@@ -26,6 +26,9 @@ rec -g -o callchain_fp.data -e sched:sched_switch -e sched:sched_waking -e sched
 # Subinterpreters that own their GIL (3.13): the take_gil probe's gil= argument
 # tells the process's three GILs apart (golden_test, cli_test).
 ../build/gilscan record -q --no-analyse -o gil_subinterp.data -- /root/.pyenv/versions/3.13.0/bin/python3 subinterp.py
+# gilscan record's per-process recording with switch records (--switch-events):
+# switch-ins by other processes' tasks (golden_test).
+../build/gilscan record -q --gil --state --no-analyse -o switch_events.data -- "$PY" workload.py 0.1
 # A copy cut in the middle of a record, 60% of the way into the data.
 size=$(stat -c %s plain.data)
 head -c $((size * 6 / 10 + 3)) plain.data > truncated.data

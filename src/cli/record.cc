@@ -374,6 +374,11 @@ RunOutcome run_perf(const RecordRequest& q, const std::string& group) {
     // spell of the machine) does not make perf drop events. Root only: an
     // unprivileged user's locked memory is limited (perf_event_mlock_kb).
     if (q.target.live && ::geteuid() == 0) args.insert(args.begin() + 2, {"-m", "8M"});
+    // A recording of the program's tasks (not -a) sees a thread switched in
+    // by another process's task only through a switch record, which perf
+    // writes in the task's own context: with them, running and waiting for
+    // a CPU are exact (timeline.h).
+    if (q.state && !q.target.system_wide) args.push_back("--switch-events");
     // CPython 3.12+ then writes /tmp/perf-PID.map (as under -X perf), which
     // names its trampolines; earlier Pythons ignore it, and the analysis
     // says no stack reached a named frame. A value the user set is kept (0

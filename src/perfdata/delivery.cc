@@ -303,8 +303,15 @@ __attribute__((noinline)) void Session::deliver_other(const RawRecord& r, int ev
         sink.on_lost(e);
         break;
     }
+    case PERF_RECORD_SWITCH:
+    case PERF_RECORD_SWITCH_CPU_WIDE: {
+        SwitchEvent e;
+        if (!decoded(r, [&] { decode_switch(r.body, r.type, r.misc, ev.attr, swap, e); })) return;
+        sink.on_switch(e);
+        break;
+    }
     default:
-        // SWITCH, KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
+        // KSYMBOL, BPF_EVENT, CGROUP, TEXT_POKE, ...: framed, not needed.
         if (r.type > PERF_RECORD_AUX_OUTPUT_HW_ID && r.type < PERF_RECORD_KERNEL_MAX) ++stats_.unknown_types;
         break;
     }

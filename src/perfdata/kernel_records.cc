@@ -86,4 +86,15 @@ void decode_lost(Bytes body, uint32_t type, const PerfEventAttr& attr, bool swap
     }
 }
 
+void decode_switch(Bytes body, uint32_t type, uint16_t misc, const PerfEventAttr& attr, bool swap, SwitchEvent& e) {
+    e.out = (misc & PERF_RECORD_MISC_SWITCH_OUT) != 0;
+    e.preempt = e.out && (misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT) != 0;
+    e.cpu_wide = type == PERF_RECORD_SWITCH_CPU_WIDE;
+    Cursor c(without_trailer(body, attr, swap, e.sid), swap, nullptr, 0);
+    if (e.cpu_wide) {
+        e.next_prev_pid = c.read<int32_t>();
+        e.next_prev_tid = c.read<int32_t>();
+    }
+}
+
 }  // namespace gilscan

@@ -46,6 +46,9 @@ import subprocess
 import sys
 
 DEBUG = int(__import__('os').environ.get('GOLDEN_DEBUG_TID', '0'))
+# perf record --switch-events: a switch-in, in the task's own context.
+SWITCH_IN = re.compile(r"^\s*.*?\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+"
+                       r"(?P<sec>\d+)\.(?P<ns>\d{9}):\s+PERF_RECORD_SWITCH(?:_CPU_WIDE)? IN\b")
 LINE = re.compile(r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+"
                   r"(?P<sec>\d+)\.(?P<ns>\d{9}):\s+(?P<event>\S+):\s*(?P<rest>.*)$")
 
@@ -101,7 +104,7 @@ def window(text, arg):
 
 
 def main(path, time_arg=None):
-    text = subprocess.run(["perf", "script", "-i", path, "--ns", "--show-task-events",
+    text = subprocess.run(["perf", "script", "-i", path, "--ns", "--show-task-events", "--show-switch-events",
                            "-F", "comm,pid,tid,cpu,time,event,trace"],
                           check=True, capture_output=True, text=True).stdout
     lo, hi = window(text, time_arg)
@@ -262,6 +265,22 @@ def main(path, time_arg=None):
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
+            s = SWITCH_IN.match(line)
+            if s and int(s.group("tid")) > 0:
+                # Switched in (by any task): running from here. A sleep whose
+                # wake-up went unrecorded ends here; sched_switch ends the run.
+                tid, t = int(s.group("tid")), int(s.group("sec")) * 1_000_000_000 + int(s.group("ns"))
+                x = T(tid)
+                if x["state"] == "exited":
+                    continue
+                monitored.add(tid)
+                if x["state"] == "running":
+                    continue
+                if x["state"] in ("S", "D", "other"):
+                    if t <= x["since"]:
+                        continue
+                    end_wait(tid, t)
+                x["state"], x["since"] = "running", t
             continue
         ev = m.group("event")
         if ev.startswith("PERF_RECORD_"):  # task events: not samples, not counted

@@ -33,7 +33,8 @@ TEST_CASE("golden: tiny read chunks and the reader thread give the same spans, t
     // These recordings are small enough to be read inline by default: the
     // reader thread is forced here (batches, hand-off, idle waits for pipe
     // mode's header records).
-    for (const char* name : {"plain", "pipe", "zstd", "pipe_zstd", "mixed_callgraph", "lost", "gil_combined"}) {
+    for (const char* name : {"plain", "pipe", "zstd", "pipe_zstd", "mixed_callgraph", "lost", "gil_combined",
+                             "switch_events"}) {
         CAPTURE(name);
         const std::string path = (kData / (std::string(name) + ".data")).string();
         Analysis ref = analyse(path, 0, false);
@@ -83,8 +84,9 @@ TEST_CASE("golden: -j 1, 2 and 3 write byte-identical traces and summaries, the 
     // stacks_py27: Python 2, a GIL wait decided by the frame above
     // PyThread_acquire_lock, one past the frame that would decide on 3.x.
     for (const std::string name : {"stacks_py311", "stacks_pipe", "gil_combined", "gil_subinterp", "mixed_callgraph",
-                                   "gil_stacks", "stacks_py312_perfmap", "stacks_py313_perfjit", "stacks_py27"}) {
-        const bool no_stacks = name == "gil_combined" || name == "gil_subinterp";
+                                   "gil_stacks", "stacks_py312_perfmap", "stacks_py313_perfjit", "stacks_py27",
+                                   "switch_events"}) {
+        const bool no_stacks = name == "gil_combined" || name == "gil_subinterp" || name == "switch_events";
         for (unsigned frames : {0u, 16u}) {
             std::string ref_trace, ref_summary;
             uint64_t ref_sleeps = 0;
@@ -235,6 +237,24 @@ TEST_CASE("golden: subinterpreters that own their GIL (3.13): one GIL per interp
 TEST_CASE("golden: GIL uprobes with scheduler events: both views, S(GIL) from the probes") {
     check_golden("gil_combined");
     check_golden_gil("gil_combined", true);
+}
+
+// gilscan record's per-process recording with switch records (--switch-events):
+// every switch-in is in it, by whichever task; on this kernel a wake-up by
+// another process's task (a timer on an idle CPU) is not.
+TEST_CASE("golden: switch records: every switch-in seen, sleeps woken unrecorded end at theirs") {
+    check_golden("switch_events");
+    check_golden_gil("switch_events", true);
+    Analysis a = analyse((kData / "switch_events.data").string());
+    uint64_t hidden_switch_ins = 0, hidden_wakeups = 0, runnable = 0;
+    for (const auto& t : a.threads) {
+        hidden_switch_ins += t.hidden_switch_ins;
+        hidden_wakeups += t.hidden_wakeups;
+        runnable += t.runnable_ns;
+    }
+    CHECK(hidden_switch_ins == 0);
+    CHECK(hidden_wakeups > 0);
+    CHECK(runnable > 0);
 }
 
 TEST_CASE("golden: truncated copy yields the records before the cut and a warning") {

@@ -100,3 +100,41 @@ TEST_CASE("FORK/EXIT and LOST") {
     Bytes too_short(lr.data() + 8, 4);
     CHECK_THROWS_AS(decode_lost(too_short, PERF_RECORD_LOST, PerfEventAttr{}, false, l), Error);
 }
+
+TEST_CASE("SWITCH in and out, SWITCH_CPU_WIDE with the other task, whose from the trailer") {
+    PerfEventAttr a = trailer_attr();
+    PerfWriter w;
+    int i = w.add_event(a, "x", {9});
+    struct Case {
+        uint16_t misc;
+        bool out, preempt;
+    };
+    for (Case c : {Case{0, false, false}, Case{PERF_RECORD_MISC_SWITCH_OUT, true, false},
+                   Case{PERF_RECORD_MISC_SWITCH_OUT | PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, true, true},
+                   Case{PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, false, false}}) {  // preempt means nothing on a switch-in
+        CAPTURE(c.misc);
+        w.context_switch(i, 10, 12, 500, 3, c.misc);
+        const auto& r = w.records.back();
+        SwitchEvent e;
+        decode_switch(Bytes(r.data() + 8, r.size() - 8), PERF_RECORD_SWITCH, c.misc, a, false, e);
+        CHECK(e.out == c.out);
+        CHECK(e.preempt == c.preempt);
+        CHECK_FALSE(e.cpu_wide);
+        CHECK(e.sid.pid == 10);
+        CHECK(e.sid.tid == 12);
+        CHECK(e.sid.time == 500);
+        CHECK(e.sid.cpu == 3);
+    }
+    w.context_switch(i, 10, 12, 600, 1, 0, true, 20, 21);
+    const auto& r = w.records.back();
+    SwitchEvent e;
+    decode_switch(Bytes(r.data() + 8, r.size() - 8), PERF_RECORD_SWITCH_CPU_WIDE, 0, a, false, e);
+    CHECK(e.cpu_wide);
+    CHECK(e.next_prev_pid == 20);
+    CHECK(e.next_prev_tid == 21);
+    CHECK(e.sid.tid == 12);
+    CHECK(e.sid.time == 600);
+    // A CPU-wide record's two ids are its body: one without them is malformed.
+    PerfEventAttr bare;
+    CHECK_THROWS_AS(decode_switch(Bytes(r.data() + 8, 4), PERF_RECORD_SWITCH_CPU_WIDE, 0, bare, false, e), Error);
+}

@@ -213,6 +213,21 @@ public:
         record(PERF_RECORD_LOST, 0, o.b);
     }
 
+    // PERF_RECORD_SWITCH of tid (misc: PERF_RECORD_MISC_SWITCH_OUT and
+    // _PREEMPT, or 0 for a switch-in); with cpu_wide, PERF_RECORD_SWITCH_CPU_WIDE
+    // naming the task switched in or out for it.
+    void context_switch(int i, int32_t pid, int32_t tid, uint64_t time, uint32_t cpu, uint16_t misc,
+                        bool cpu_wide = false, int32_t next_prev_pid = -1, int32_t next_prev_tid = -1) {
+        Out o;
+        o.swap = swap;
+        if (cpu_wide) {
+            o.put<int32_t>(next_prev_pid);
+            o.put<int32_t>(next_prev_tid);
+        }
+        trailer(o, i, pid, tid, time, cpu);
+        record(cpu_wide ? PERF_RECORD_SWITCH_CPU_WIDE : PERF_RECORD_SWITCH, misc, o.b);
+    }
+
     void finished_round() { record(PERF_RECORD_FINISHED_ROUND, 0, {}); }
 
     std::vector<uint8_t> tracing_data() const {

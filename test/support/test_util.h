@@ -64,6 +64,13 @@ struct SchedRecording {
         s.raw = w.raw(wk, {{"pid", target}, {"comm", 0, "worker", true}, {"target_cpu", cpu}});
         w.sample(wk, s);
     }
+    // A switch record (perf record --switch-events) in tid's own context.
+    void switch_record(uint64_t t, uint32_t cpu, int32_t pid, int32_t tid, bool out = false, bool preempt = false) {
+        uint16_t misc = 0;
+        if (out) misc |= PERF_RECORD_MISC_SWITCH_OUT;
+        if (preempt) misc |= PERF_RECORD_MISC_SWITCH_OUT_PREEMPT;
+        w.context_switch(sw, pid, tid, t, cpu, misc);
+    }
 };
 
 // A uprobe's format as perf probe writes it (take_gil, take_gil__return, ...).

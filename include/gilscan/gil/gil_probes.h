@@ -244,6 +244,9 @@ public:
     void on_lost(const LostEvent& e) override {
         std::apply([&](auto&... k) { (k.on_lost(e), ...); }, sinks_);
     }
+    void on_switch(const SwitchEvent& e) override {
+        std::apply([&](auto&... k) { (k.on_switch(e), ...); }, sinks_);
+    }
 
 private:
     std::tuple<S&...> sinks_;

@@ -2,6 +2,7 @@
 //
 //   CommEvent e;
 //   decode_comm(rec.body, attr, swap, e);  // pid, tid, comm, exec flag, trailer
+//   decode_switch(rec.body, rec.type, rec.misc, attr, swap, s);  // in or out, and whose (the trailer)
 //
 // Each decoder reads the fixed part from the front and the sample_id_all
 // trailer from the back; strings in between are NUL-terminated and padded to
@@ -51,9 +52,22 @@ struct LostEvent {  // PERF_RECORD_LOST and PERF_RECORD_LOST_SAMPLES
     bool samples = false;  // LOST_SAMPLES: dropped by the kernel, not the ring buffer
 };
 
+// PERF_RECORD_SWITCH and PERF_RECORD_SWITCH_CPU_WIDE (perf record
+// --switch-events, attr.context_switch): written in the switching task's own
+// context, so sid (pid, tid, time, cpu; from the sample_id_all trailer) is the
+// task switched in or out, also when another process's task switched it in.
+struct SwitchEvent {
+    SampleId sid;
+    bool out = false;      // PERF_RECORD_MISC_SWITCH_OUT
+    bool preempt = false;  // PERF_RECORD_MISC_SWITCH_OUT_PREEMPT
+    bool cpu_wide = false;
+    int32_t next_prev_pid = -1, next_prev_tid = -1;  // CPU_WIDE: the task switched out or in for it
+};
+
 void decode_comm(Bytes body, uint16_t misc, const PerfEventAttr& attr, bool swap, CommEvent& e);
 void decode_task(Bytes body, const PerfEventAttr& attr, bool swap, TaskEvent& e);
 void decode_mmap(Bytes body, uint32_t type, uint16_t misc, const PerfEventAttr& attr, bool swap, MmapEvent& e);
 void decode_lost(Bytes body, uint32_t type, const PerfEventAttr& attr, bool swap, LostEvent& e);
+void decode_switch(Bytes body, uint32_t type, uint16_t misc, const PerfEventAttr& attr, bool swap, SwitchEvent& e);
 
 }  // namespace gilscan

@@ -112,6 +112,10 @@ inline constexpr uint32_t PERF_RECORD_COMPRESSED2 = 83;
 inline constexpr uint16_t PERF_RECORD_MISC_CPUMODE_MASK = 7;
 inline constexpr uint16_t PERF_RECORD_MISC_COMM_EXEC = 1u << 13;
 inline constexpr uint16_t PERF_RECORD_MISC_MMAP_BUILD_ID = 1u << 14;
+// PERF_RECORD_SWITCH*: set on a switch-out (clear: a switch-in), and on a
+// switch-out the task was preempted in (it stays runnable).
+inline constexpr uint16_t PERF_RECORD_MISC_SWITCH_OUT = 1u << 13;
+inline constexpr uint16_t PERF_RECORD_MISC_SWITCH_OUT_PREEMPT = 1u << 14;
 
 // Callchain context markers (enum perf_callchain_context)
 inline constexpr uint64_t PERF_CONTEXT_HV = static_cast<uint64_t>(-32);

@@ -90,6 +90,7 @@ public:
     virtual void on_exit(const TaskEvent&) {}
     virtual void on_mmap(const MmapEvent&) {}
     virtual void on_lost(const LostEvent&) {}
+    virtual void on_switch(const SwitchEvent&) {}
 };
 
 // A stage that runs on the reader thread (-j 2 and up, when the reader has a

@@ -23,7 +23,11 @@
 // interrupt on an idle CPU included) to the woken task's events either: a
 // sleeping thread seen as the current task of a sample other than its
 // switch-out was woken and switched in unseen, and its sleep ends there
-// (hidden_wakeups counts them).
+// (hidden_wakeups counts them). Switch records (perf record
+// --switch-events, as gilscan record makes per-process recordings) are
+// written in the task's own context and show every switch-in: a thread
+// runs from its switch-in exactly, and a sleep whose wake-up went
+// unrecorded ends there (counted in hidden_wakeups too).
 // Spans are emitted only for monitored threads (seen as a sample's current
 // task): a per-process recording names other processes' tasks only as
 // switch-in targets and wake-up targets, whose states it cannot follow.
@@ -161,7 +165,9 @@ struct ThreadStats {
     uint64_t switches_out = 0;
     uint64_t hidden_switch_ins = 0;  // woken/preempted, then seen running with no switch-in
     uint64_t hidden_switch_in_ns = 0;  // the time from those wake-ups/preemptions to being seen running
-    uint64_t hidden_wakeups = 0;  // seen running while asleep: neither wake-up nor switch-in recorded
+    // Sleeps ended with no wake-up recorded: at a switch-in record, or at the
+    // first own event when the switch-in went unrecorded too.
+    uint64_t hidden_wakeups = 0;
     bool exited = false;
     bool replaced_by_exec = false;  // the program this entry describes exec'd another
     bool seen_switch = false;
@@ -247,6 +253,7 @@ public:
     void on_fork(const TaskEvent& e) override;
     void on_exit(const TaskEvent& e) override;
     void on_lost(const LostEvent& e) override;
+    void on_switch(const SwitchEvent& e) override;
 
     // Cut every open span at `end` (the recording's last timestamp).
     void finish(uint64_t end);
