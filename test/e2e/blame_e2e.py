@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from checklib import check, done  # noqa: E402
+from checklib import check, done, remove_perf_maps_of  # noqa: E402
 
 GILSCAN, DATA = sys.argv[1], sys.argv[2]
 MAPS = os.path.join(DATA, "blame-maps")
@@ -201,5 +201,8 @@ by_native("debian", 0.25, True, [("blocker", "usleep")])
 folded("py312_stacks")
 options()
 culprits()
-live()
+try:
+    live()
+finally:
+    remove_perf_maps_of(os.path.abspath(os.path.join(DATA, "blame.py")))
 done("blame end to end")

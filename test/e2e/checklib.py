@@ -15,6 +15,23 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
+def remove_perf_maps_of(script):
+    """Removes the /tmp/perf-PID.map files that name functions of script (an
+    absolute path): the maps a test's Python programs left (CPython 3.12+
+    writes one per process under -X perf or PYTHONPERFSUPPORT=1 and never
+    removes it). Left there, a later process given the same pid (pids wrap
+    at pid_max, 32768 by default) would be named by a map not its own."""
+    import glob
+    import os
+    for m in glob.glob("/tmp/perf-*.map"):
+        try:
+            with open(m, errors="replace") as f:
+                if f":{script}" in f.read():
+                    os.remove(m)
+        except OSError:
+            pass
+
+
 def done(name):
     print(f"{name}: {passed} passed, {failed} failed ({traces_checked} traces checked)")
     sys.exit(1 if failed else 0)

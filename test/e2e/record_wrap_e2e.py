@@ -158,6 +158,11 @@ with tempfile.TemporaryDirectory() as tmp:
         check(len(mine) >= 2 and s["gil"]["probe_events"] > 100 and
               all(0.8e6 < t["span_us"] < 1.3e6 for t in mine),
               f"-p: its threads for about 1 s, GIL probes fired ({[(t['tid'], t['span_us']) for t in mine]}, {took:.1f} s)")
+        # A recording of one process: switch records show its threads
+        # switched in by other processes' tasks, and each thread runs from
+        # them (the spinners' waits for a CPU end at theirs).
+        check("--switch-events" in s["cmdline"] and all(t["hidden_switch_ins"] == 0 for t in mine),
+              f"-p: switch records, no switch-in unseen ({s['cmdline']}, {[t['hidden_switch_ins'] for t in mine]})")
         check(sum(t["gil_wait_us"] for t in mine) > 200_000, "-p: the spinning threads wait for the GIL")
     p = subprocess.Popen([GILSCAN, "record", "-q", "-p", str(target.pid), "-o", data, "--trace", ""],
                          stderr=subprocess.PIPE, text=True)
@@ -187,6 +192,7 @@ with tempfile.TemporaryDirectory() as tmp:
         pids = {t["pid"] for t in s["threads"]}
         waiters = [t for t in s["threads"] if (t["gil_wait_us"] or 0) > 0]
         check(len(pids) > 3 and len(waiters) >= 3, f"-a: other processes too, and the program's GIL waits ({len(pids)}, {len(waiters)})")
+        check("--switch-events" not in s["cmdline"], f"-a: no switch records: sched_switch shows every switch ({s['cmdline']})")
     r = subprocess.run([GILSCAN, "record", "-a", "--duration", "0.5", "-o", data, "--trace", "", "--summary-json",
                         summ], capture_output=True, text=True)
     check(r.returncode == 0 and "recording the scheduler only" in r.stderr and

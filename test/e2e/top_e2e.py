@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, done  # noqa: E402
+from checklib import check, done, remove_perf_maps_of  # noqa: E402
 
 GILSCAN, DATA = (os.path.abspath(a) for a in sys.argv[1:3])
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -307,6 +307,7 @@ def memory_stays_flat():
     # Live, perf gets 8 MiB of ring buffer per CPU (root): a slow moment of the analysis drops no event.
     check(perf[:2] == ["perf", "record"] and "-m" in perf and perf[perf.index("-m") + 1] == "8M",
           f"top runs perf record with -m 8M ({perf[:6]})")
+    check("--switch-events" in perf, f"top records switch records: the program's switch-ins by any task ({perf})")
     time.sleep(10)
     late = rss()
     p.wait(timeout=60)
@@ -343,5 +344,8 @@ def main():
         check(not glob.glob("/tmp/gilscan-hook-*"), "no hook directory left")
 
 
-main()
+try:
+    main()
+finally:
+    remove_perf_maps_of(WORKLOAD)
 done("gilscan top")
