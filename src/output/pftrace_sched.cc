@@ -5,6 +5,8 @@
 // sched_switch 4, sched_wakeup 17, sched_waking 20, sched_wakeup_new 114).
 #include "gilscan/output/pftrace_sched.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "gilscan/output/proto_encoder.h"
@@ -125,6 +127,24 @@ void PftraceSched::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind 
         full_wake(b, t, cur_tid, kind, w);
     }
     counted(cpu, b);
+}
+
+void PftraceSched::switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm) {
+    if (cpu == kNoCpu) return;  // no CPU's sequence to put it in
+    const int32_t current = bundle(cpu).current;
+    if (current == tid) return;  // a switch showed it
+    char idle[24];               // the idle task's comm, as the kernel names it
+    const int n = std::snprintf(idle, sizeof idle, "swapper/%u", cpu);
+    SchedSwitch sw;
+    sw.prev_pid = current >= 0 ? current : 0;  // compact when the CPU's task is known (sched_switch)
+    sw.prev_prio = 120;
+    sw.prev_state = 0;  // R
+    sw.prev_comm = std::string_view(idle, static_cast<size_t>(std::max(n, 0)));
+    sw.next_pid = tid;
+    sw.next_prio = prio;
+    sw.next_comm = comm;
+    sched_switch(cpu, t, sw.prev_pid, sw);
+    ++switch_ins_;
 }
 
 void PftraceSched::full_switch(Bundle& b, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) {

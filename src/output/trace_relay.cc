@@ -304,6 +304,13 @@ void TraceRelay::replay(const Block& block, size_t used) {
             tap_->sched_wake(cpu, t, cur, kind, w);
             break;
         }
+        case Op::SwitchIn: {
+            const auto cpu = u.get<uint32_t>();
+            const auto t = u.get<uint64_t>();
+            const auto tid = u.get<int32_t>(), prio = u.get<int32_t>();
+            tap_->switch_in(cpu, t, tid, prio, u.str());
+            break;
+        }
         case Op::NameThread: {
             const auto pid = u.get<int32_t>(), tid = u.get<int32_t>();
             writer_.name_thread(pid, tid, u.str());
@@ -365,6 +372,10 @@ void TraceRelay::sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const S
 void TraceRelay::sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) {
     if (!tap_) return;
     append(Op::SchedWake, cpu, t, cur_tid, static_cast<uint8_t>(kind), w.pid, w.target_cpu, w.prio, w.comm);
+}
+
+void TraceRelay::switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm) {
+    if (tap_) append(Op::SwitchIn, cpu, t, tid, prio, comm);
 }
 
 }  // namespace gilscan

@@ -297,6 +297,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         idle_switch_outs_ += sw.prev_pid == 0;
         if (sw.prev_pid > 0) {
             Thread& p = thread(sw.prev_pid);
+            p.prio = sw.prev_prio;
             if (s.tid == sw.prev_pid) set_tgid(p, s.pid);
             if (p.st.comm.empty() || p.st.comm != sw.prev_comm) p.st.comm = std::string(sw.prev_comm);
             touch(p, t);
@@ -309,6 +310,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         }
         if (sw.next_pid > 0) {
             Thread& n = thread(sw.next_pid);
+            n.prio = sw.next_prio;
             if (n.st.comm.empty()) n.st.comm = std::string(sw.next_comm);
             touch(n, t);
             switch_in(n, t, s.cpu);
@@ -324,6 +326,7 @@ void Timeline::sched_sample(const Sample& s, const EventInfo& ev, TpKind k) {
         if (tap_ && (!window_ || window_->contains(t))) tap_->sched_wake(s.cpu, t, s.tid, k, w);
         if (w.pid <= 0) return;
         Thread& th = thread(w.pid);
+        th.prio = w.prio;
         if (th.st.comm.empty()) th.st.comm = std::string(w.comm);
         touch(th, t);
         wake(th, t, s.tid);

@@ -101,7 +101,9 @@ void Timeline::on_lost(const LostEvent& e) {
 // stays so; a runnable one runs from here, its wait for a CPU exact; a
 // sleeping one was woken unrecorded (hidden_wakeups): its sleep ends here,
 // the wait for a CPU after the real wake-up inside it. Switch-outs are left
-// to sched_switch, whose prev_state tells which sleep begins.
+// to sched_switch, whose prev_state tells which sleep begins. The scheduler
+// tap (the .pftrace's) gets every switch-in record, to write the switches
+// its sched_switch events lack.
 void Timeline::on_switch(const SwitchEvent& e) {
     if (e.out || !e.sid.has_time || e.sid.tid <= 0) return;
     const uint64_t t = e.sid.time;
@@ -113,6 +115,8 @@ void Timeline::on_switch(const SwitchEvent& e) {
     touch(th, t);
     th.st.monitored = true;
     th.last_own = t;
+    if (tap_ && e.sid.cpu != ~0u && (!window_ || window_->contains(t)))
+        tap_->switch_in(e.sid.cpu, t, th.st.tid, th.prio, th.st.comm);
     if (th.known && th.state == SpanKind::Running) return;
     if (th.known && th.state != SpanKind::Runnable && th.state != SpanKind::Unknown) {
         if (t <= th.since) return;  // not after its switch-out (as own_event): nothing to end

@@ -49,14 +49,27 @@ def read_trace(path):
 
 
 def perf_sched(data, window=None):
-    """The recording's switches and wake-ups as perf script prints them."""
+    """The recording's switches and wake-ups as perf script prints them.
+
+    A switch-in record (perf record --switch-events) whose thread is not the
+    CPU's task by the switches before it counts as a switch from that task
+    (the idle task, 0, when none is known yet) in state R, at its time."""
     # Fields for tracepoints only: a CPU sample has no trace field.
-    out = subprocess.run(["perf", "script", "-i", data, "--ns", "-F", "trace:cpu,time,event,trace"],
+    out = subprocess.run(["perf", "script", "-i", data, "--ns", "--show-switch-events", "-F",
+                          "trace:tid,cpu,time,event,trace"],
                          capture_output=True, text=True).stdout
     switches, wakes = collections.Counter(), collections.Counter()
     saw_waking = False
+    current = {}  # cpu -> its task, by the switches so far
     for line in out.splitlines():
-        m = re.match(r"\s*\[(\d+)\]\s+(\d+)\.(\d+):\s+sched:(\w+):\s+(.*)", line)
+        m = re.match(r"\s*(\d+)\s+\[(\d+)\]\s+(\d+)\.(\d+):\s+PERF_RECORD_SWITCH(_CPU_WIDE)? IN\b", line)
+        if m:
+            tid, cpu, ns = int(m.group(1)), int(m.group(2)), int(m.group(3)) * 10**9 + int(m.group(4))
+            if current.get(cpu) != tid and (not window or window[0] <= ns < window[1]):
+                switches[(cpu, ns, current.get(cpu, 0), 0, tid)] += 1
+                current[cpu] = tid
+            continue
+        m = re.match(r"\s*-?\d+\s+\[(\d+)\]\s+(\d+)\.(\d+):\s+sched:(\w+):\s+(.*)", line)
         if not m:
             continue
         cpu, ns, kind, text = int(m.group(1)), int(m.group(2)) * 10**9 + int(m.group(3)), m.group(4), m.group(5)
@@ -65,6 +78,7 @@ def perf_sched(data, window=None):
         if kind == "sched_switch":
             f = re.search(r"prev_pid=(\d+) .*prev_state=(\S+) ==> .*next_pid=(\d+)", text)
             switches[(cpu, ns, int(f.group(1)), STATE[f.group(2)], int(f.group(3)))] += 1
+            current[cpu] = int(f.group(3))
         elif kind in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
             # A sched_wakeup after the recording's first sched_waking is left
             # out: Perfetto's runnable time starts at the waking.
@@ -105,11 +119,14 @@ def trace_sched(trace):
         for i, d in enumerate(c.waking_timestamp):
             ts = d if i == 0 else ts + d
             wakes[(b.cpu, ts, "sched_waking", c.waking_pid[i], c.waking_target_cpu[i])] += 1
-    switches, unresolved = collections.Counter(), 0
+    switches, unresolved, mismatched = collections.Counter(), 0, 0
     for cpu, events in per_cpu.items():
         last_next = None
         for ts, _, kind, f in sorted(events):
             if kind == "full":
+                # Perfetto's mismatched_sched_switch_tids (an import error):
+                # a previous task other than the CPU's last next_pid.
+                mismatched += last_next is not None and f[0] != last_next
                 switches[(cpu, ts, f[0], f[1], f[2])] += 1
                 last_next = f[2]
             elif last_next is None:
@@ -117,7 +134,25 @@ def trace_sched(trace):
             else:
                 switches[(cpu, ts, last_next, f[0], f[1])] += 1
                 last_next = f[1]
+    trace_sched.mismatched = mismatched
     return switches, wakes, unresolved
+
+
+def running_ns(switches, ends):
+    """Each thread's time on a CPU as Perfetto's thread states draw it: from
+    a switch naming it next to the switch naming it previous, up to its end
+    in ends (the summary's last_ns: its exit; its last switch-out, state X,
+    comes after it, and the main thread's is not recorded)."""
+    since, total = {}, collections.Counter()
+    for cpu, ts, prev, _, nxt in sorted(switches, key=lambda k: (k[1], k[0])):
+        if prev in since:
+            start = since.pop(prev)
+            total[prev] += max(0, min(ts, ends.get(prev, ts)) - start)
+        since[nxt] = ts
+    for tid, start in since.items():
+        if tid in ends:
+            total[tid] += max(0, ends[tid] - start)
+    return total
 
 
 def annotation(q, a):
@@ -261,6 +296,7 @@ def check_recording(name, extra=(), suffix=".pftrace"):
     trace, raw = read_trace(pf)
 
     switches, wakes, unresolved = trace_sched(trace)
+    mismatched = trace_sched.mismatched
     want_switches, want_wakes = perf_sched(data)
     check(unresolved == 0, f"{name}: every compact switch has a previous task on its CPU ({unresolved} not)")
     check(switches == want_switches, f"{name}: the switches are perf script's ({sum(switches.values())} against "
@@ -288,16 +324,18 @@ def check_recording(name, extra=(), suffix=".pftrace"):
           f"{name}: SystemInfo holds the recording's kernel release")
     check(os.path.getsize(pf) < os.path.getsize(js), f"{name}: the .pftrace ({os.path.getsize(pf)} bytes) is smaller "
           f"than the JSON trace ({os.path.getsize(js)})")
-    return {"switches": switches, "wakes": wakes, "slices": slices, "compact": sum(
+    return {"switches": switches, "wakes": wakes, "slices": slices, "mismatched": mismatched,
+            "threads": json.load(open(summary))["threads"], "compact": sum(
         len(p.ftrace_events.compact_sched.switch_timestamp) for p in trace.packet if p.HasField("ftrace_events"))}
 
 
 # Uprobes and scheduler events; scheduler-only system-wide; DWARF stacks (S(GIL)
 # from stacks); GIL blame on 3.12 -X perf and on Debian's stripped 3.11
-# (culprits); subinterpreters with their own GILs; a pipe-mode recording.
+# (culprits); subinterpreters with their own GILs; a pipe-mode recording; a
+# per-process recording with switch records.
 results = {}
 for rec in ("gil_combined", "system_wide", "gil_stacks", "blame_py312", "blame_debian", "gil_subinterp", "pipe",
-            "stacks_py312_xperf"):
+            "stacks_py312_xperf", "switch_events"):
     results[rec] = check_recording(rec)
 
 # --sleep-stacks: each sleep's stack on its slice, plain sleeps' too.
@@ -312,6 +350,19 @@ if stacks:
     check(all(0 < len(u) <= 8 for u in user), "gil_stacks --sleep-stacks 8: the kernel's frames and up to 8 of the "
           f"program's ({sorted({len(u) for u in user})})")
 
+# A per-process recording with switch records (gilscan record): each
+# switch-in a switch record shows is a switch in the trace, so Perfetto's own
+# thread states run each thread as long as gilscan's summary says, and no
+# switch-out names a task other than the CPU's.
+se = results.get("switch_events")
+if se:
+    check(se["mismatched"] == 0 and sum(se["switches"].values()) > 0,
+          f"switch_events: no switch names a previous task other than its CPU's ({se['mismatched']})")
+    ran = running_ns(se["switches"], {t["tid"]: t["last_ns"] for t in se["threads"]})
+    for t in se["threads"]:
+        got, want = ran[t["tid"]] / 1000, t["running_us"]
+        check(abs(got - want) <= 1, f"switch_events: thread {t['tid']} runs {got:.3f} us in Perfetto's thread "
+              f"states, {want:.3f} us in the summary")
 sw = results.get("system_wide")
 if sw:
     check(sw["compact"] > sum(sw["switches"].values()) / 2,

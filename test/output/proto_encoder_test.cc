@@ -280,3 +280,42 @@ TEST_CASE("pftrace sched: without a CPU every event is full, in one bundle said 
     std::sort(cpus.begin(), cpus.end());
     CHECK(cpus == std::vector<uint64_t>{0, 70000});
 }
+
+TEST_CASE("pftrace sched: a switch-in record the switches did not show becomes a switch from the CPU's task") {
+    Written w;
+    // CPU 1: nothing seen before: the idle task is named as the previous, in full.
+    w.sched.switch_in(1, 100, 7, 120, "py");
+    // Thread 7 switched out to another process's task 50 (traced, compact);
+    // 50 switched 7 in again unseen: the record becomes 50 -> 7, compact.
+    w.sched.sched_switch(1, 200, 7, make_switch(7, 1, 50, "other"));
+    w.sched.switch_in(1, 300, 7, 115, "py");
+    // A record after a traced switch-in changes nothing.
+    w.sched.sched_switch(1, 400, 7, make_switch(7, 0x100, 8, "py2"));
+    w.sched.switch_in(1, 401, 8, 120, "py2");
+    // Thread 8's switch-out: compact, its previous task the record's thread.
+    w.sched.switch_in(1, 500, 7, 115, "py");
+    w.sched.sched_switch(1, 600, 7, make_switch(7, 1, 0, "swapper/1"));
+    w.sched.switch_in(PftraceSched::kNoCpu, 700, 7, 115, "py");  // no CPU: nothing to put it in
+    w.sched.flush();
+    CHECK(w.sched.switch_ins() == 3);
+    CHECK(w.sched.full_events() == 1);
+    CHECK(w.sched.compact_events() == 5);
+    REQUIRE(w.packets.size() == 1);
+    const auto bundle = fields_of(w.packets[0], 1).at(0).bytes;
+    const auto events = fields_of(bundle, 2);
+    REQUIRE(events.size() == 1);
+    CHECK(fields_of(events[0].bytes, 1).at(0).value == 100);
+    CHECK(fields_of(events[0].bytes, 2).at(0).value == 0);  // fired in the idle task
+    const auto sw = fields_of(events[0].bytes, 4).at(0).bytes;
+    CHECK(fields_of(sw, 1).at(0).bytes == "swapper/1");
+    CHECK(fields_of(sw, 2).at(0).value == 0);  // prev_pid
+    CHECK(fields_of(sw, 4).at(0).value == 0);  // prev_state R
+    CHECK(fields_of(sw, 5).at(0).bytes == "py");
+    CHECK(fields_of(sw, 6).at(0).value == 7);
+    CHECK(fields_of(sw, 7).at(0).value == 120);
+    const auto compact = fields_of(bundle, 4).at(0).bytes;
+    CHECK(packed_varints(fields_of(compact, 1).at(0).bytes) == std::vector<uint64_t>{200, 100, 100, 100, 100});
+    CHECK(packed_varints(fields_of(compact, 2).at(0).bytes) == std::vector<uint64_t>{1, 0, 0x100, 0, 1});
+    CHECK(packed_varints(fields_of(compact, 3).at(0).bytes) == std::vector<uint64_t>{50, 7, 8, 7, 0});
+    CHECK(packed_varints(fields_of(compact, 4).at(0).bytes) == std::vector<uint64_t>{110, 115, 110, 115, 110});
+}

@@ -108,8 +108,8 @@ void emit(TraceSink& sink, int n, uint64_t seed = 7) {
 
 // The scheduler's events as a timeline hands them to its tap: switches
 // (most from the CPU's current task, as Perfetto infers them, some not) and
-// wake-ups of the three kinds, on 8 CPUs and without a CPU; comms of every
-// length up to 16.
+// wake-ups of the three kinds, switch-in records, on 8 CPUs and without a
+// CPU; comms of every length up to 16.
 void emit_sched(SchedTap& tap, int n, uint64_t seed) {
     auto rnd = [&] { return seed = seed * 6364136223846793005ull + 1442695040888963407ull, seed >> 33; };
     static const std::string comms = "python3.11-workr";
@@ -121,7 +121,10 @@ void emit_sched(SchedTap& tap, int n, uint64_t seed) {
         int32_t& cur = current[cpu % 8];
         const auto tid = static_cast<int32_t>(200 + rnd() % 12);
         const std::string_view comm(comms.data(), rnd() % 17);
-        if (rnd() % 2) {
+        if (rnd() % 8 == 0) {
+            tap.switch_in(cpu, ts, tid, static_cast<int32_t>(100 + rnd() % 40), comm);
+            if (cpu != PftraceSched::kNoCpu) cur = tid;
+        } else if (rnd() % 2) {
             SchedSwitch sw;
             sw.prev_pid = rnd() % 4 ? cur : tid;
             sw.next_pid = static_cast<int32_t>(200 + rnd() % 12);
@@ -254,6 +257,7 @@ std::string pftrace(bool relayed, uint64_t* by_others) {
         }
         CHECK(pw.sched().compact_events() > 0);
         CHECK(pw.sched().full_events() > 0);
+        CHECK(pw.sched().switch_ins() > 0);
         pw.finish({}, sys);
         out.commit();
     }

@@ -21,6 +21,14 @@
 // take the waking as the start of runnable time (as Perfetto's own traces,
 // which record sched_waking alone).
 //
+// A switch-in record (switch_in(), perf record --switch-events) that the
+// switches so far do not show (the CPU's task is another) becomes a switch
+// at the record's time from the CPU's task to the thread, prev_state R (the
+// idle task's always is; another process's task's is not recorded): without
+// it Perfetto would keep such a thread asleep until its next switch-out, and
+// count that switch-out's prev_pid as a mismatch. The CPU's first switch, when
+// no task was seen on it before, names the idle task (pid 0) as the previous.
+//
 // A bundle is written when it holds kMaxEvents events, when a timestamp
 // goes back (a delta is unsigned), and at flush(). kMaxEvents is small
 // enough that every CPU's open bundle (64 CPUs and more) stays within the
@@ -52,11 +60,13 @@ public:
 
     void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw);
     void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w);
+    void switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm);
     void flush();
 
     uint64_t compact_events() const { return compact_; }
     uint64_t full_events() const { return full_; }
     uint64_t dropped_wakeups() const { return dropped_wakeups_; }
+    uint64_t switch_ins() const { return switch_ins_; }  // switches written for switch-in records
 
     // Heterogeneous lookup by string_view (no string made per event).
     struct StringHash {
@@ -152,7 +162,7 @@ private:
     std::unordered_map<uint32_t, Bundle> other_cpus_;  // the rest, kNoCpu included
     ProtoEncoder packet_;
     bool saw_waking_ = false;
-    uint64_t compact_ = 0, full_ = 0, dropped_wakeups_ = 0;
+    uint64_t compact_ = 0, full_ = 0, dropped_wakeups_ = 0, switch_ins_ = 0;
 };
 
 }  // namespace gilscan

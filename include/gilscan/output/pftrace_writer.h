@@ -82,6 +82,9 @@ public:
     void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) override {
         sched_.sched_wake(cpu, t, cur_tid, kind, w);
     }
+    void switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm) override {
+        sched_.switch_in(cpu, t, tid, prio, comm);
+    }
 
     // The open bundles, the process tree; the caller commits the file. sys
     // again: a pipe-mode recording's features come as records, after the

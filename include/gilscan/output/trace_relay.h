@@ -76,6 +76,7 @@ public:
     bool wants_plain_spans() const override { return plain_spans_; }
     void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) override;
     void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) override;
+    void switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm) override;
 
     // Any thread: formats the oldest queued block unless another thread is
     // formatting one. False when there was nothing to do (or it was busy).
@@ -149,7 +150,7 @@ public:
     size_t slabs_used() const { return slabs_.slabs(); }  // for the tests
 
 private:
-    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters, SchedSwitch, SchedWake };
+    enum class Op : uint8_t { Span, NameThread, GilWait, GilLock, GilHolder, GilWaiters, SchedSwitch, SchedWake, SwitchIn };
     template <class... F>
     void append(Op op, const F&... fields);  // one event's bytes (trace_relay.cc)
     char* room(size_t n);  // n bytes at the end of the current block

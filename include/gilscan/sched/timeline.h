@@ -204,6 +204,11 @@ public:
     virtual ~SchedTap() = default;
     virtual void sched_switch(uint32_t cpu, uint64_t t, int32_t cur_tid, const SchedSwitch& sw) = 0;
     virtual void sched_wake(uint32_t cpu, uint64_t t, int32_t cur_tid, TpKind kind, const SchedWake& w) = 0;
+    // A switch-in record (perf record --switch-events): tid runs on cpu
+    // from t, whether or not a sched_switch showed it (a per-process
+    // recording's does not when another process's task switched it in).
+    // prio and comm are the thread's last seen (120 and "" if none).
+    virtual void switch_in(uint32_t cpu, uint64_t t, int32_t tid, int32_t prio, std::string_view comm) = 0;
 };
 
 // Labels a sleep or disk sleep at its switch-out: writes into `label`, which
@@ -303,6 +308,7 @@ private:
         bool has_early_wake = false;
         bool woken_before_switch = false;
         bool dead = false;
+        int32_t prio = 120;        // the kernel's, as the last switch or wake-up naming it said
     };
 
     // The live thread of a tid (made on first sight). Inline: every event
