@@ -85,6 +85,18 @@ const CfiRule* PerfMap::cfi_at(uint64_t pc) const {
     return jit_cfi_at(std::span<const JitCfiRow>(cfi_).subspan(s->cfi_first, s->cfi_count), pc - s->start);
 }
 
+bool PerfMap::names_any(std::span<const std::pair<uint64_t, uint64_t>> ranges) const {
+    // Ranges are disjoint and by start: the last one starting before a
+    // symbol's end is the only one it can overlap.
+    for (const PerfMapSymbol& s : symbols_) {
+        const uint64_t end = s.start + s.size;  // parse() and from_jitdump() keep it from wrapping
+        auto r = std::upper_bound(ranges.begin(), ranges.end(), end,
+                                  [](uint64_t v, const std::pair<uint64_t, uint64_t>& x) { return v <= x.first; });
+        if (r != ranges.begin() && std::prev(r)->second > s.start) return true;
+    }
+    return false;
+}
+
 bool is_jit_mapping(std::string_view path) {
     // perf 6.1's is_anon_memory() and is_no_dso_memory() (util/map.c): the
     // mappings map__new names /tmp/perf-PID.map instead, when executable.
@@ -158,12 +170,12 @@ std::shared_ptr<const PerfMap> PerfMaps::of(const AddressSpace& as) {
     // jitdump marker: the dump mapped executable so that perf records where
     // it is. Only a process with JIT frames gets here, so it has the former.
     std::string_view marker;
-    std::vector<uint64_t> jit_starts;
+    Ranges jit;
     for (const auto& [start, m] : as.maps) {
-        if (m.exec && is_jit_mapping(m.path)) jit_starts.push_back(start);
+        if (m.exec && is_jit_mapping(m.path)) jit.emplace_back(start, m.end);
         else if (marker.empty() && is_jitdump_path(m.path)) marker = m.path;
     }
-    return lookup(as.pid, marker, jit_starts);
+    return lookup(as.pid, marker, jit);
 }
 
 namespace {
@@ -190,8 +202,15 @@ bool PerfMaps::forget_if_grown(int32_t pid) {
     return true;
 }
 
-std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view marker,
-                                                const std::vector<uint64_t>& jit_starts) {
+bool PerfMaps::plausible(PerfMap& out, const std::string& path, int32_t pid, const Ranges& jit) {
+    if (jit.empty() || out.size() == 0 || out.names_any(jit)) return true;
+    problems_.push_back(path + ": none of its " + std::to_string(out.size()) + " symbols lies in process " +
+                        std::to_string(pid) + "'s JIT memory; not used (an earlier process's with the same pid?)");
+    out = PerfMap{};
+    return false;
+}
+
+std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view marker, const Ranges& jit) {
     std::lock_guard<std::mutex> l(mu_);
     auto& slot = by_pid_[pid];
     if (slot) return slot;
@@ -200,15 +219,28 @@ std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view ma
         const std::string p = std::to_string(pid);
         const std::string path = dir_ + "/perf-" + p + ".map", dump_name = "jit-" + p + ".dump";
         int map_errno = 0, unused = 0;
-        bool found = read_map(path, "perf-" + p + ".map", *map, map_errno) || read_dump(dir_ + "/" + dump_name, dump_name, *map);
+        // Each file read is checked against the process's JIT memory.
+        constexpr int kAnother = -1;  // err: read, and another process's
+        auto map_at = [&](const std::string& file, std::string name, int& err) {
+            if (!read_map(file, std::move(name), *map, err)) return false;
+            if (plausible(*map, file, pid, jit)) return true;
+            err = kAnother;
+            return false;
+        };
+        auto dump_at = [&](const std::string& file, std::string name) {
+            return read_dump(file, std::move(name), *map) && plausible(*map, file, pid, jit);
+        };
+        bool found = map_at(path, "perf-" + p + ".map", map_errno) || dump_at(dir_ + "/" + dump_name, dump_name);
         std::string also;  // where else was looked, for the line of a missing map
-        if (!found && !jit_starts.empty()) {
+        if (!found && !jit.empty()) {
             // The process itself, if it runs still: its /tmp, its pid.
+            std::vector<uint64_t> jit_starts;
+            for (const auto& r : jit) jit_starts.push_back(r.first);
             const LiveProcess lp = live_process(proc_, pid, jit_starts);
             if (lp.running) {
                 const std::string ns = std::to_string(lp.ns_pid), tmp = lp.root + "/tmp/";
-                found = read_map(tmp + "perf-" + ns + ".map", "perf-" + ns + ".map", *map, unused) ||
-                        read_dump(tmp + "jit-" + ns + ".dump", "jit-" + ns + ".dump", *map);
+                found = map_at(tmp + "perf-" + ns + ".map", "perf-" + ns + ".map", unused) ||
+                        dump_at(tmp + "jit-" + ns + ".dump", "jit-" + ns + ".dump");
                 // Said only where that is not the directory again (the
                 // host's own processes, with DIR /tmp).
                 if (!found && (lp.ns_pid != pid || !same_directory(tmp, dir_)))
@@ -225,16 +257,18 @@ std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view ma
             bool tried = false;
             if (base != dump_name) {
                 tried = true;
-                found = read_dump(in_dir, base, *map);
+                found = dump_at(in_dir, base);
             }
             if (!found && marker != in_dir && !same_directory(std::string(marker.substr(0, slash + 1)), dir_)) {
                 tried = true;
-                found = read_dump(std::string(marker), base, *map);
+                found = dump_at(std::string(marker), base);
             }
             if (!found && tried) also += "; nor the jitdump it mapped, " + std::string(marker) + ", there or in the directory";
         }
         if (!found)
-            missing_[pid] = "no perf map " + path + " (" + std::strerror(map_errno) + ") or jitdump " + dump_name + also +
+            missing_[pid] = "no perf map " + path + " (" +
+                            (map_errno == kAnother ? "another process's" : std::strerror(map_errno)) + ") or jitdump " +
+                            dump_name + also +
                             ": process " + p +
                             "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
     }

@@ -1,6 +1,7 @@
 // Processes that still run (live_process.h) and the perf maps read through
 // them (PerfMaps::of): a container's map in its own /tmp, named by its pid
-// there; a reused pid not taken for the recorded process. Over a fake
+// there; a reused pid not taken for the recorded process; a map left in
+// the directory by an earlier process of the same pid passed over. Over a fake
 // procfs in a temporary directory; the real thing (unshare(1) namespaces
 // and perf script's reading of them) is in test/e2e/record_e2e.py.
 #include <doctest/doctest.h>
@@ -148,4 +149,39 @@ TEST_CASE("a running process that shares the directory: no second mention of it"
     const auto problems = maps.problems();
     REQUIRE(problems.size() == 1);
     CHECK(problems[0].find("nor in") == std::string::npos);
+}
+
+TEST_CASE("a map none of whose symbols lies in the process's JIT memory is another process's: passed over") {
+    gilscan::test::TempDir dir("gilscan-live");
+    const fs::path proc = dir.path / "proc", host_tmp = dir.path / "tmp";
+    fs::create_directories(host_tmp);
+    // The host's /tmp holds maps by pid 1234 and 1300 left by earlier
+    // processes (their JIT code elsewhere); 1234 is a container's python,
+    // still running, with its own map inside; 1300 has exited.
+    fake_process(proc, 1234, "NSpid:\t1234\t7\n", kMaps);
+    // (py::before ends where the JIT mapping starts.)
+    std::ofstream(host_tmp / "perf-1234.map") << "7f3b00001000 40 py::stale\n7f3a00000000 1000 py::before\n";
+    std::ofstream(proc / "1234" / "root" / "tmp" / "perf-7.map") << "7f3a00001000 40 py::spin:/app/w.py\n";
+    std::ofstream(host_tmp / "perf-1300.map") << "7f3b00001000 40 py::stale\n";
+    // 1400's map in the directory: one symbol overlapping its mapping from below is enough.
+    std::ofstream(host_tmp / "perf-1400.map") << "7f3b00001000 40 py::elsewhere\n7f3a00000f00 200 py::straddles\n";
+    // 1500's is empty (a process that had written nothing yet): nothing to tell by, kept.
+    std::ofstream(host_tmp / "perf-1500.map") << "";
+    PerfMaps maps(host_tmp.string(), proc.string());
+    const auto m = maps.of(space(1234));
+    REQUIRE(m->find(kJit + 5));
+    CHECK(m->find(kJit + 5)->name == "py::spin:/app/w.py");
+    CHECK(m->source() == "perf-7.map");
+    CHECK(maps.of(space(1300))->size() == 0);
+    CHECK(maps.of(space(1400))->find(kJit)->name == "py::straddles");
+    CHECK(maps.of(space(1500))->size() == 0);
+    // A pid alone has no memory to check against: the directory's map is taken.
+    CHECK(PerfMaps(host_tmp.string(), proc.string()).of_pid(1300)->size() == 1);
+    const auto problems = maps.problems();
+    REQUIRE(problems.size() == 3);
+    CHECK(problems[0] == host_tmp.string() + "/perf-1234.map: none of its 2 symbols lies in process 1234's JIT memory; "
+                                             "not used (an earlier process's with the same pid?)");
+    CHECK(problems[1].rfind(host_tmp.string() + "/perf-1300.map: none of its 1 symbols", 0) == 0);
+    CHECK(problems[2].rfind("no perf map " + host_tmp.string() + "/perf-1300.map (another process's) or jitdump "
+                            "jit-1300.dump: process 1300's", 0) == 0);
 }

@@ -21,9 +21,12 @@
 // which perf reads only through `perf inject --jit`.
 //
 // Like perf (util/map.c, map__new), a map names only pcs in a process's
-// anonymous executable memory (is_jit_mapping()), never a file's pcs: a
-// stale map of an earlier process with the same pid can then misname only
-// JIT frames. A map file is auxiliary: a line that does not parse is skipped
+// anonymous executable memory (is_jit_mapping()), never a file's pcs. Unlike
+// perf, a map or jitdump none of whose symbols lies in the process's recorded
+// JIT memory is not used for it (a problem line says so): it was left by an
+// earlier process with the same pid (pids wrap at pid_max, and CPython never
+// removes its map), whose JIT code was elsewhere (ASLR); the next place is
+// looked in. A map file is auxiliary: a line that does not parse is skipped
 // and counted (perf skips it too), never an error.
 //
 // Processes in containers (pid and mount namespaces) and services with a
@@ -44,10 +47,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+#include <utility>
 
 #include "gilscan/symbols/jit_cfi.h"
 #include "gilscan/symbols/jitdump.h"
@@ -80,6 +85,9 @@ public:
     // The call-frame rule at pc from a jitdump's unwinding info
     // (jit_cfi.h), or nullptr (none recorded for that code, or a perf map).
     const CfiRule* cfi_at(uint64_t pc) const;
+
+    // Whether a symbol overlaps one of the ranges [start, end) (by start).
+    bool names_any(std::span<const std::pair<uint64_t, uint64_t>> ranges) const;
 
     size_t size() const { return symbols_.size(); }
     uint64_t skipped_lines() const { return skipped_; }
@@ -114,6 +122,8 @@ public:
     //   the jitdump it mapped (jit-N.dump, N the pid it saw): DIR/jit-N.dump,
     //   then the mapped path itself. (A forked child keeps its parent's
     //   mapping beside its own: the first by address is read.)
+    // A file with symbols, none of them in the space's JIT mappings, is
+    // another process's: passed over.
     std::shared_ptr<const PerfMap> of(const AddressSpace& as);
     // gilscan top: a process still running writes to its map (or jitdump)
     // as it meets new functions. Forgets the pid's map when its file in the
@@ -135,7 +145,14 @@ public:
     static constexpr uint64_t kMaxDumpBytes = 16ull << 30;   // mapped
 
 private:
-    std::shared_ptr<const PerfMap> lookup(int32_t pid, std::string_view marker, const std::vector<uint64_t>& jit_starts);
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    // jit: the process's JIT mappings, [start, end) by start (none: of_pid,
+    // nothing to check a file against).
+    std::shared_ptr<const PerfMap> lookup(int32_t pid, std::string_view marker, const Ranges& jit);
+    // Under mu_: whether out, just read from path, can be process pid's
+    // (names_any(jit), or nothing to tell by); if not, it is emptied and a
+    // problem line says why.
+    bool plausible(PerfMap& out, const std::string& path, int32_t pid, const Ranges& jit);
     // Under mu_: the file read into out when it can be opened (its trouble
     // kept in problems_); err: why not.
     bool read_map(const std::string& path, std::string name, PerfMap& out, int& err);
