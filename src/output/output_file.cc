@@ -225,6 +225,7 @@ void OutputFile::writer_loop() {
 }
 
 void OutputFile::hand_off() {
+    fill_ = written_ >= kAsyncFrom ? kBufferSize : kBufferSize / 2;
     rethrow_writer_error();
     if (used_ == 0) return;
     // Direct I/O writes whole 4 KiB blocks from 4 KiB-aligned memory (the

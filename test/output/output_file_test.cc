@@ -88,7 +88,16 @@ TEST_CASE("output: many buffers of odd-sized writes and room()/advance() come ou
     std::mt19937 rng(7);
     {
         OutputFile out(p.string(), writer_thread);
-        // ~75 MiB: many 4 MiB buffers, block-aligned hand-offs with carried
+        // The largest room() there is, asked for just short of the fill
+        // level (half a buffer, below 64 MiB) and just past it.
+        for (size_t before : {size_t{(2u << 20) - 1}, size_t{4097}}) {
+            out.write(std::string(before, 'p'));
+            char* at = out.room(OutputFile::kBufferSize / 2);
+            std::memset(at, 'q', OutputFile::kBufferSize / 2);
+            out.advance(OutputFile::kBufferSize / 2);
+            expect += std::string(before, 'p') + std::string(OutputFile::kBufferSize / 2, 'q');
+        }
+        // ~75 MiB: many buffers, block-aligned hand-offs with carried
         // tails, written plainly and then (from 64 MiB, no writer thread)
         // asynchronously, and an unaligned end written after leaving direct I/O.
         while (expect.size() < (72u << 20) + 1234) {

@@ -14,8 +14,9 @@
 // (/dev/null, a FIFO) is written as it is: no atomicity possible there. A name ending in
 // ".gz" is written gzip-compressed (zlib), ".zst" zstd-compressed, streamed.
 //
-// Full 4 MiB buffers are compressed and written by a background thread, so
-// the writes and the compression overlap the analysis; an uncompressed file
+// Full buffers (2 MiB, then 4 MiB from 64 MiB on) are compressed and
+// written by a background thread, so the writes and the compression
+// overlap the analysis; an uncompressed file
 // is written with O_DIRECT where the filesystem allows (no page-cache copy,
 // which costs CPU for as long as the analysis). An
 // error there is raised by the next write() or by commit(). Without the
@@ -59,7 +60,7 @@ public:
     // At least n (<= kBufferSize / 2) writable bytes at the returned pointer;
     // advance(k) makes k of them part of the output.
     char* room(size_t n) {
-        if (n > kBufferSize - used_) hand_off();
+        if (used_ + n > fill_) hand_off();
         return reinterpret_cast<char*>(buf_.data()) + used_;
     }
     void advance(size_t k) {
@@ -118,6 +119,12 @@ private:
     int fd_ = -1;
     ChunkBytes buf_;
     size_t used_ = 0;
+    // A buffer is handed off once filled to here (room() serves one request
+    // past it). Half a buffer, one huge page, until kAsyncFrom bytes are
+    // written: a buffer's memory is zeroed by the kernel at its first touch,
+    // and a small trace (most) then touches half as much of each buffer;
+    // large files get whole buffers, for the disk's sake.
+    size_t fill_ = kBufferSize / 2;
     uint64_t written_ = 0;
     bool committed_ = false;
     bool in_place_ = false;  // no temporary: "-" (stdout) or a target that is not a regular file
