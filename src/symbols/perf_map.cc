@@ -210,6 +210,55 @@ bool PerfMaps::plausible(PerfMap& out, const std::string& path, int32_t pid, con
     return false;
 }
 
+bool PerfMaps::map_at(const std::string& file, std::string name, PerfMap& out, int& err, int32_t pid,
+                      const Ranges& jit) {
+    if (!read_map(file, std::move(name), out, err)) return false;
+    if (plausible(out, file, pid, jit)) return true;
+    err = kAnotherProcess;
+    return false;
+}
+
+bool PerfMaps::dump_at(const std::string& file, std::string name, PerfMap& out, int32_t pid, const Ranges& jit) {
+    return read_dump(file, std::move(name), out) && plausible(out, file, pid, jit);
+}
+
+bool PerfMaps::in_live_tmp(int32_t pid, const Ranges& jit, PerfMap& out, std::string& also) {
+    std::vector<uint64_t> jit_starts;
+    for (const auto& r : jit) jit_starts.push_back(r.first);
+    const LiveProcess lp = live_process(proc_, pid, jit_starts);
+    if (!lp.running) return false;
+    const std::string ns = std::to_string(lp.ns_pid), tmp = lp.root + "/tmp/";
+    int unused = 0;
+    if (map_at(tmp + "perf-" + ns + ".map", "perf-" + ns + ".map", out, unused, pid, jit) ||
+        dump_at(tmp + "jit-" + ns + ".dump", "jit-" + ns + ".dump", out, pid, jit))
+        return true;
+    // Said only where that is not the directory again (the host's own
+    // processes, with DIR /tmp).
+    if (lp.ns_pid != pid || !same_directory(tmp, dir_))
+        also += "; nor in the running process's own /tmp (" + tmp + ") as perf-" + ns + ".map or jit-" + ns + ".dump";
+    return false;
+}
+
+bool PerfMaps::mapped_dump(std::string_view marker, const std::string& dump_name, int32_t pid, const Ranges& jit,
+                           PerfMap& out, std::string& also) {
+    // Named by the pid it saw (a pid namespace), or in another directory
+    // (as perf inject reads it: by that path).
+    const size_t slash = marker.rfind('/');
+    const std::string base(marker.substr(slash + 1));
+    const std::string in_dir = dir_ + "/" + base;
+    bool tried = false;
+    if (base != dump_name) {
+        tried = true;
+        if (dump_at(in_dir, base, out, pid, jit)) return true;
+    }
+    if (marker != in_dir && !same_directory(std::string(marker.substr(0, slash + 1)), dir_)) {
+        tried = true;
+        if (dump_at(std::string(marker), base, out, pid, jit)) return true;
+    }
+    if (tried) also += "; nor the jitdump it mapped, " + std::string(marker) + ", there or in the directory";
+    return false;
+}
+
 std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view marker, const Ranges& jit) {
     std::lock_guard<std::mutex> l(mu_);
     auto& slot = by_pid_[pid];
@@ -218,58 +267,17 @@ std::shared_ptr<const PerfMap> PerfMaps::lookup(int32_t pid, std::string_view ma
     if (!dir_.empty() && pid > 0) {
         const std::string p = std::to_string(pid);
         const std::string path = dir_ + "/perf-" + p + ".map", dump_name = "jit-" + p + ".dump";
-        int map_errno = 0, unused = 0;
-        // Each file read is checked against the process's JIT memory.
-        constexpr int kAnother = -1;  // err: read, and another process's
-        auto map_at = [&](const std::string& file, std::string name, int& err) {
-            if (!read_map(file, std::move(name), *map, err)) return false;
-            if (plausible(*map, file, pid, jit)) return true;
-            err = kAnother;
-            return false;
-        };
-        auto dump_at = [&](const std::string& file, std::string name) {
-            return read_dump(file, std::move(name), *map) && plausible(*map, file, pid, jit);
-        };
-        bool found = map_at(path, "perf-" + p + ".map", map_errno) || dump_at(dir_ + "/" + dump_name, dump_name);
+        int map_errno = 0;
         std::string also;  // where else was looked, for the line of a missing map
-        if (!found && !jit.empty()) {
-            // The process itself, if it runs still: its /tmp, its pid.
-            std::vector<uint64_t> jit_starts;
-            for (const auto& r : jit) jit_starts.push_back(r.first);
-            const LiveProcess lp = live_process(proc_, pid, jit_starts);
-            if (lp.running) {
-                const std::string ns = std::to_string(lp.ns_pid), tmp = lp.root + "/tmp/";
-                found = map_at(tmp + "perf-" + ns + ".map", "perf-" + ns + ".map", unused) ||
-                        dump_at(tmp + "jit-" + ns + ".dump", "jit-" + ns + ".dump");
-                // Said only where that is not the directory again (the
-                // host's own processes, with DIR /tmp).
-                if (!found && (lp.ns_pid != pid || !same_directory(tmp, dir_)))
-                    also += "; nor in the running process's own /tmp (" + tmp + ") as perf-" + ns + ".map or jit-" +
-                            ns + ".dump";
-            }
-        }
-        if (!found && !marker.empty()) {
-            // The jitdump it mapped: named by the pid it saw (a pid namespace),
-            // or in another directory (as perf inject reads it: by that path).
-            const size_t slash = marker.rfind('/');
-            const std::string base(marker.substr(slash + 1));
-            const std::string in_dir = dir_ + "/" + base;
-            bool tried = false;
-            if (base != dump_name) {
-                tried = true;
-                found = dump_at(in_dir, base);
-            }
-            if (!found && marker != in_dir && !same_directory(std::string(marker.substr(0, slash + 1)), dir_)) {
-                tried = true;
-                found = dump_at(std::string(marker), base);
-            }
-            if (!found && tried) also += "; nor the jitdump it mapped, " + std::string(marker) + ", there or in the directory";
-        }
+        // The directory's, then (while it runs) the process's own /tmp's, then the jitdump it mapped.
+        const bool found = map_at(path, "perf-" + p + ".map", *map, map_errno, pid, jit) ||
+                           dump_at(dir_ + "/" + dump_name, dump_name, *map, pid, jit) ||
+                           (!jit.empty() && in_live_tmp(pid, jit, *map, also)) ||
+                           (!marker.empty() && mapped_dump(marker, dump_name, pid, jit, *map, also));
         if (!found)
             missing_[pid] = "no perf map " + path + " (" +
-                            (map_errno == kAnother ? "another process's" : std::strerror(map_errno)) + ") or jitdump " +
-                            dump_name + also +
-                            ": process " + p +
+                            (map_errno == kAnotherProcess ? "another process's" : std::strerror(map_errno)) +
+                            ") or jitdump " + dump_name + also + ": process " + p +
                             "'s frames in anonymous memory (JIT code, Python's -X perf trampolines) stay unnamed";
     }
     slot = std::move(map);

@@ -153,6 +153,17 @@ private:
     // (names_any(jit), or nothing to tell by); if not, it is emptied and a
     // problem line says why.
     bool plausible(PerfMap& out, const std::string& path, int32_t pid, const Ranges& jit);
+    // Under mu_: a map or jitdump read into out and plausible for pid (err:
+    // why a map is not: an errno, or kAnotherProcess).
+    static constexpr int kAnotherProcess = -1;
+    bool map_at(const std::string& file, std::string name, PerfMap& out, int& err, int32_t pid, const Ranges& jit);
+    bool dump_at(const std::string& file, std::string name, PerfMap& out, int32_t pid, const Ranges& jit);
+    // Under mu_: the running process's own /tmp, by its pid there; the
+    // jitdump it mapped. Where else was looked, when found in neither, is
+    // appended to also.
+    bool in_live_tmp(int32_t pid, const Ranges& jit, PerfMap& out, std::string& also);
+    bool mapped_dump(std::string_view marker, const std::string& dump_name, int32_t pid, const Ranges& jit, PerfMap& out,
+                     std::string& also);
     // Under mu_: the file read into out when it can be opened (its trouble
     // kept in problems_); err: why not.
     bool read_map(const std::string& path, std::string name, PerfMap& out, int& err);
