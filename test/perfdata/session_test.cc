@@ -259,24 +259,44 @@ TEST_CASE("rounds of 100k records: the queue's arrays take huge pages, not thous
         return;
     }
     constexpr uint64_t kPerRound = 100000, kRounds = 3, n = kPerRound * kRounds;
-    ChunkTable chunks;
-    OrderedQueue q(chunks, n);
-    const uint32_t id = chunks.acquire(n * 16, 0, false);
-    chunks.bytes(id).resize(n * 16);
-    std::memset(chunks.bytes(id).data(), 0, n * 16);  // its faults before the count
-    uint64_t delivered = 0, last = 0;
-    bool ordered = true;
-    auto deliver = each_record(chunks, [&](const RawRecord& r) {
-        const uint64_t k = load<uint64_t>(r.body.data(), false);
-        ordered &= delivered == 0 || k > last;  // times rise with k (below)
-        last = k;
-        ++delivered;
-        chunks.release(r.chunk);
-    });
     auto minor_faults = [] {
         rusage u{};
         getrusage(RUSAGE_THREAD, &u);
         return static_cast<uint64_t>(u.ru_minflt);
+    };
+    // The rounds through a new queue: the faults they took.
+    auto faults_of_rounds = [&] {
+        ChunkTable chunks;
+        OrderedQueue q(chunks, n);
+        const uint32_t id = chunks.acquire(n * 16, 0, false);
+        chunks.bytes(id).resize(n * 16);
+        std::memset(chunks.bytes(id).data(), 0, n * 16);  // its faults before the count
+        uint64_t delivered = 0, last = 0;
+        bool ordered = true;
+        auto deliver = each_record(chunks, [&](const RawRecord& r) {
+            const uint64_t k = load<uint64_t>(r.body.data(), false);
+            ordered &= delivered == 0 || k > last;  // times rise with k (below)
+            last = k;
+            ++delivered;
+            chunks.release(r.chunk);
+        });
+        const uint64_t before = minor_faults();
+        for (uint64_t round = 0, k = 0; round < kRounds; ++round) {
+            // Two CPUs' buffers a round, each a sorted run, their times
+            // interleaved (even and odd): the round is sorted by a merge.
+            for (uint64_t i = 0; i < kPerRound; ++i, ++k) {
+                const uint64_t j = i < kPerRound / 2 ? 2 * i : 2 * (i - kPerRound / 2) + 1;
+                push_numbered(q, chunks, id, round * kPerRound + j, 1000 + round * kPerRound + j, deliver);
+            }
+            q.finished_round(deliver);
+            q.drain(deliver);
+        }
+        q.flush_all(deliver);
+        const uint64_t faults = minor_faults() - before;
+        CHECK(delivered == n);
+        CHECK(ordered);
+        chunks.release(id);
+        return faults;
     };
     // Whether the kernel gives a huge page at all right now: 2 MiB asked
     // for as the queue asks (MADV_HUGEPAGE), then written page by page: one
@@ -294,28 +314,20 @@ TEST_CASE("rounds of 100k records: the queue's arrays take huge pages, not thous
         ::munmap(m, 2 * kHuge);
         return touched < 64;
     };
-    const uint64_t before = minor_faults();
-    for (uint64_t round = 0, k = 0; round < kRounds; ++round) {
-        // Two CPUs' buffers a round, each a sorted run, their times
-        // interleaved (even and odd): the round is sorted by a merge.
-        for (uint64_t i = 0; i < kPerRound; ++i, ++k) {
-            const uint64_t j = i < kPerRound / 2 ? 2 * i : 2 * (i - kPerRound / 2) + 1;
-            push_numbered(q, chunks, id, round * kPerRound + j, 1000 + round * kPerRound + j, deliver);
-        }
-        q.finished_round(deliver);
-        q.drain(deliver);
+    uint64_t faults = faults_of_rounds();
+    // Free huge pages come and go with what else runs (compilers beside the
+    // tests took them between the queue's faults and the probe's): a second
+    // run decides. A queue on small pages fails both.
+    if (faults >= 300) {
+        MESSAGE("the first run took " << faults << " faults: once more");
+        faults = faults_of_rounds();
     }
-    q.flush_all(deliver);
-    const uint64_t faults = minor_faults() - before;
-    CHECK(delivered == n);
-    CHECK(ordered);
     CAPTURE(mode);
     CAPTURE(faults);
     if (faults >= 300 && !huge_page_now())
         MESSAGE("the kernel gives no huge page just now (" << faults << " faults): the queue's are not counted");
     else
         CHECK(faults < 300);
-    chunks.release(id);
 }
 
 TEST_CASE("equal timestamps keep file order across runs and rounds") {
