@@ -315,9 +315,9 @@ TEST_CASE("rounds of 100k records: the queue's arrays take huge pages, not thous
         return touched < 64;
     };
     uint64_t faults = faults_of_rounds();
-    // Free huge pages come and go with what else runs (compilers beside the
-    // tests took them between the queue's faults and the probe's): a second
-    // run decides. A queue on small pages fails both.
+    // Free huge pages come and go with what else the machine runs (a build
+    // beside the tests took them between the queue's faults and the
+    // probe's): a second run decides. A queue on small pages fails both.
     if (faults >= 300) {
         MESSAGE("the first run took " << faults << " faults: once more");
         faults = faults_of_rounds();
