@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -61,8 +62,15 @@ int nameless_file(const std::string& dir) {
 // copy cut short, or one past the bound, is an error, never analysed as if
 // whole.
 int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes) {
-    const int src = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK, then regular files only: a FIFO's open() would wait for a
+    // writer for ever.
+    const int src = ::open(in.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (src < 0) throw Error(in, Error::no_offset, std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(src, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(src);
+        throw Error(in, Error::no_offset, "not a regular file");
+    }
     const int dst = nameless_file(dir);
     if (dst < 0) {
         const int e = errno;

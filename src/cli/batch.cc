@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -240,7 +241,8 @@ std::string temp_dir() {
 // The analysing process's argument vector for recording i (batch_one_main reads it).
 std::vector<std::string> one_args(const BatchOptions& o, const std::string& input, size_t i, unsigned jobs) {
     std::vector<std::string> a{"gilscan", kBatchOneCommand, input, "--gil-evidence", o.evidence, "-j",
-                               std::to_string(jobs), "--max-unpacked", std::to_string(o.max_unpacked >> 20)};
+                               std::to_string(jobs), "--max-unpacked", std::to_string(o.max_unpacked >> 20),
+                               "--parent", std::to_string(::getpid())};
     if (!o.symfs.empty()) a.insert(a.end(), {"--symfs", o.symfs});
     if (!o.time.empty()) a.insert(a.end(), {"--time", o.time});
     if (o.perf_maps.empty()) a.push_back("--no-perf-maps");
@@ -307,6 +309,15 @@ void analyse_in_child(const std::vector<std::string>& args, Result& r) {
     r.date = j.value("date", "");
 }
 
+// batch may die without waiting for this process (kill -9, a cluster's time
+// limit): the kernel then sends it SIGTERM, whose handler removes its
+// temporaries, rather than letting it analyse on for nobody. A parent gone
+// before the request took effect shows as another parent (the reaper).
+void die_with_parent(pid_t parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::raise(SIGTERM);
+}
+
 void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& text) {
     if (out) {
         out->write(text);
@@ -340,7 +351,11 @@ int batch_one_main(int argc, char** argv) {
     t.flag("--no-cache", "", [&] { o.debuginfo_cache.clear(); });
     t.flag("--gil-functions", "", [&] { o.gil_functions = true; });
     t.value("-o", "FILE", "", [&](const std::string& v) { o.output = v; });
+    pid_t parent = 0;
+    t.value("--parent", "PID", "",
+            [&](const std::string& v) { parent = cli_number<pid_t>("--parent", v, 1, 0x3fffffff); });
     if (!t.parse(argc, argv, 3)) return 0;
+    if (parent) die_with_parent(parent);
     const std::string path = o.input;
     nlohmann::json answer;
     try {

@@ -55,7 +55,10 @@ int open_foreign_file(const std::string& path, uid_t owner, uint64_t max_size, s
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO's open() would wait for a writer for ever; it is
+    // refused below as any file that is not regular (on a regular file the
+    // flag changes nothing).
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw Error(path, Error::no_offset, std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

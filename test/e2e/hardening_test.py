@@ -27,6 +27,40 @@ def run(*args, **kw):
     return subprocess.run([GILSCAN, *args], capture_output=True, text=True, **kw)
 
 
+def analysing_process(batch, recording, sig=None):
+    """The pid of the process batch started to analyse `recording` (sent `sig` at once), or None
+    once batch has ended or a minute has passed."""
+    deadline = time.time() + 60
+    while time.time() < deadline and batch.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"__batch-one" in cmd and recording.encode() in cmd:
+                if sig is not None:
+                    os.kill(int(pid), sig)
+                return int(pid)
+        time.sleep(0.005)
+    return None
+
+
+def gone_within(pid, seconds):
+    """Whether process `pid` has ended (or is a zombie) within `seconds`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def pipe_records(b):
     """(offset, type) of each record of a pipe-mode file."""
     pos, out = 16, []
@@ -88,21 +122,10 @@ with tempfile.TemporaryDirectory() as tmp:
                    capture_output=True)
     p = subprocess.Popen([GILSCAN, "batch", "-j", "1", "--summary", os.path.join(tmp, "rows2.jsonl"), arch],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = False
-    deadline = time.time() + 60
-    while not killed and time.time() < deadline and p.poll() is None:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if b"__batch-one" in cmd and big.encode() in cmd:
-                os.kill(int(pid), signal.SIGSEGV)
-                killed = True
-                break
-        time.sleep(0.005)
+    child = analysing_process(p, big)
+    killed = child is not None
+    if killed:
+        os.kill(child, signal.SIGSEGV)
     out, err = p.communicate(timeout=300)
     rows = [json.loads(ln) for ln in open(os.path.join(tmp, "rows2.jsonl"))] if p.returncode == 0 else []
     crashed = [x for x in rows if x["recording"] == big]
@@ -110,7 +133,41 @@ with tempfile.TemporaryDirectory() as tmp:
           and "Segmentation fault" in crashed[0]["error"],
           f"batch: a crashed analysis is that recording's error row ({killed}, {p.returncode}, {crashed}, {err[-300:]})")
     check(any(x["recording"].endswith("plain.data") and x["tid"] for x in rows), "batch: the others analysed")
+
+    # batch killed outright (kill -9, a cluster's time limit) takes its
+    # analysing process with it: stopped before it could finish, then
+    # continued once batch is gone, it dies of the SIGTERM its parent's death
+    # sent (its handler removes its temporaries) and writes no trace.
+    traces = os.path.join(tmp, "killed-traces")
+    p = subprocess.Popen([GILSCAN, "batch", "-j", "1", "--traces", traces, "--summary", os.path.join(tmp, "rows3.jsonl"),
+                          big], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = analysing_process(p, big, signal.SIGSTOP)
+    p.kill()
+    p.wait()
+    gone = None
+    if child is not None:
+        os.kill(child, signal.SIGCONT)
+        gone = gone_within(child, 30)
+    left = sorted(os.listdir(traces)) if os.path.isdir(traces) else []
+    check(child is not None and gone and not left,
+          f"batch killed: its analysis ends with it, no trace or temporary left ({child}, {gone}, {left})")
     os.remove(big)
+
+    # A FIFO named as a recording is refused at once; open() would wait for
+    # a writer for ever.
+    fifo = os.path.join(tmp, "fifo.data")
+    os.mkfifo(fifo)
+    try:
+        r = run(fifo, timeout=60)
+        check(r.returncode != 0 and "not a regular file" in r.stderr, f"a FIFO: refused ({r.returncode}, {r.stderr[-300:]})")
+        r = run("batch", fifo, timeout=60)
+        check("not a regular file" in r.stderr, f"batch, a FIFO: its row's error ({r.returncode}, {r.stderr[-300:]})")
+        fifo_zst = os.path.join(tmp, "fifo.data.zst")
+        os.mkfifo(fifo_zst)
+        r = run("batch", fifo_zst, timeout=60)
+        check("not a regular file" in r.stderr, f"batch, a FIFO to unpack: its row's error ({r.returncode}, {r.stderr[-300:]})")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO: gilscan waited for a writer")
 
     # A decompression bomb: 2 GiB of zeros in a few kB. --max-unpacked
     # refuses it before it fills the disk, and no unpacked copy is left.
