@@ -293,7 +293,8 @@ std::vector<uint8_t> ElfFile::code_at(uint64_t vaddr, uint64_t n) const {
     std::vector<uint8_t> out(mapped.begin(), mapped.end());
     const auto off = vaddr_to_offset(vaddr);
     if (!image_.empty() || out.empty() || !off) return out;  // an in-memory image has no probes
-    const int fd = ::open(path().c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: the name may since be a FIFO's, whose open() would wait.
+    const int fd = ::open(path().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return out;
     size_t got = 0;
     while (got < out.size()) {
