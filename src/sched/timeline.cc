@@ -244,6 +244,16 @@ void Timeline::wake(Thread& th, uint64_t t, int32_t waker) {
     case SpanKind::DiskSleep:
     case SpanKind::Other:
         if (!th.known) break;
+        if (t <= th.since && waker != th.st.tid) {
+            // Another CPU's waking stamped with the switch-out's own
+            // nanosecond, ordered after it only by the tie: the race the
+            // switch-out handles for an earlier waking. Ending the sleep here
+            // would make one of no length, counted but drawn nowhere; it goes
+            // on to the enqueue (sched_wakeup) or the switch-in instead.
+            if (!th.woken_before_switch) th.waker = waker;
+            th.woken_before_switch = true;
+            break;
+        }
         if (!th.woken_before_switch) th.waker = waker;  // else the early waking's waker
         waker = th.waker;
         close(th, t, false);
