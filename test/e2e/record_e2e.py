@@ -387,13 +387,14 @@ with tempfile.TemporaryDirectory() as tmp:
     # first JIT frame past take_gil that perf script's stack shows.
     summ_gf = os.path.join(tmp, "gf.json")
     r = subprocess.run([GILSCAN, data, "-q", "--gil-functions", "--summary-json", summ_gf], capture_output=True, text=True)
-    from stack_truth import gil_functions  # noqa: E402
+    from stack_truth import gil_function_diff, gil_functions  # noqa: E402
     want = collections.Counter(f for _, _, f in gil_functions(data))
     got = collections.Counter()
     for row in json.load(open(summ_gf))["gil_functions"] if r.returncode == 0 else []:
         got[row["function"]] += row["sleep_count"]
     check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
-          f"--gil-functions: perf script's functions of the GIL waits ({dict(got)} against {dict(want)})")
+          f"--gil-functions: perf script's functions of the GIL waits ({dict(got)} against {dict(want)}; "
+          f"{gil_function_diff(data, gil_functions(data), summ_gf, None) if r.returncode == 0 else ''})")
     for m in maps_used:  # the map the recorded python left
         if os.path.exists(os.path.join("/tmp", m)):
             os.remove(os.path.join("/tmp", m))
@@ -447,7 +448,8 @@ with tempfile.TemporaryDirectory() as tmp:
     for row in json.load(open(summ_gf)).get("gil_functions", []) if r.returncode == 0 else []:
         got[row["function"]] += row["sleep_count"]
     check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
-          f"record --gil-functions: perf script's functions ({dict(got)} against {dict(want)})")
+          f"record --gil-functions: perf script's functions ({dict(got)} against {dict(want)}; "
+          f"{gil_function_diff(data, truth, summ_gf, trace) if r.returncode == 0 else ''})")
     per_sleep = {(tid, t): f for tid, t, f in truth}
     spans = {(e["tid"], round(e["ts"] * 1000)): e["args"].get("function")
              for e in (json.load(open(trace))["traceEvents"] if r.returncode == 0 else [])

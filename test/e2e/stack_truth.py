@@ -20,6 +20,7 @@ usage: stack_truth.py --gil-functions TEST.data > TEST.gilfn.json
 For each sleep whose `perf script` stack holds take_gil, the first JIT frame
 past it (the Python function that waits, or null): the same condition.
 """
+import collections
 import json
 import re
 import subprocess
@@ -40,11 +41,13 @@ def script(path, fields, extra=()):
 
 
 def sleep_stacks(test):
-    """(tid, switch-out ns) and perf script's frames, "ip sym" lines, of each python thread's sleep."""
+    """(tid, switch-out ns) and perf script's frames, "ip sym" lines, of each python thread's sleep.
+    A sample perf wrote twice (the same switch-out and stack, one after the other) is one sleep, as
+    gilscan counts it; perf script shows both."""
     out, block, switch = [], [], None
     for line in script(test, "tid,time,event,trace,ip,sym", ["--no-inline"]).splitlines() + [""]:
         if not line.strip():
-            if switch:
+            if switch and (not out or out[-1] != (switch, block)):
                 out.append((switch, block))
             block, switch = [], None
         elif "sched:sched_switch" in line and "prev_state=S " in line and not PRE_EXEC.search(line):
@@ -79,6 +82,33 @@ def gil_functions(test):
     return out
 
 
+
+def gil_function_diff(test, truth, summary, trace):
+    """Why gilscan's GIL waits by function differ from perf script's (truth: gil_functions(test)), for a
+    failing check's message: the sleeps of one and not the other (from trace, gilscan's Chrome trace,
+    or None), the threads whose summary counts a GIL wait the trace does not draw, and perf script's
+    events of the first differing sleep's thread around it."""
+    per = {(tid, t): f for tid, t, f in truth}
+    spans, drawn = {}, collections.Counter()
+    for e in json.load(open(trace))["traceEvents"] if trace else []:
+        if e.get("cat") == "process state" and e["name"] == "S(GIL)":
+            spans[(e["tid"], round(e["ts"] * 1000))] = e["args"].get("function")
+            drawn[e["tid"]] += 1
+    only_perf = sorted(k for k in per if trace and k not in spans)
+    only_gilscan = sorted(k for k in spans if k not in per)
+    counted = {t["tid"]: t.get("gil_sleep_count", 0) for t in json.load(open(summary)).get("threads", [])}
+    undrawn = {tid: (n, drawn[tid]) for tid, n in counted.items() if trace and n != drawn[tid]}
+    out = [f"sleeps in take_gil per perf script only {only_perf[:4]}", f"S(GIL) spans only {only_gilscan[:4]}",
+           f"threads counting GIL waits the trace does not draw (summary, trace) {undrawn}"]
+    first = (only_perf + only_gilscan)[:1]
+    if first:
+        tid, t = first[0]
+        lines = [ln.strip() for ln in script(test, "cpu,tid,time,event,trace").splitlines()]
+        near = [ln for ln in lines if (m := re.search(r"(\d+)\.(\d{9}):", ln))
+                and abs(int(m.group(1)) * 10**9 + int(m.group(2)) - t) <= 50_000 and str(tid) in ln]
+        out.append("perf script near it: " + " | ".join(near[:8]))
+    return "; ".join(out)
+
 def main(test, truth):
     intervals = {}  # tid -> list of [start, end]
     open_take = {}
@@ -105,6 +135,8 @@ def main(test, truth):
         if f.get("prev_state") != "S" or f.get("prev_comm") in ("perf", "gilscan"):
             continue
         tid, t = int(f["prev_pid"]), int(m.group("sec")) * 10**9 + int(m.group("ns"))
+        if sleeps and sleeps[-1][:2] == [tid, t]:
+            continue  # perf wrote the sample twice: one sleep
         gil = any(a <= t <= b for a, b in intervals.get(tid, ()))
         sleeps.append([tid, t, gil])
     # How perf script itself sees these stacks.
