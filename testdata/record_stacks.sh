@@ -26,7 +26,7 @@ one() {  # name python mode [python args...]
     esac 2>/dev/null
     sleep 0.5
     kill -INT $truth; wait $truth || true
-    python3 ../test/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
+    python3 ../test/e2e/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
     chmod 644 "stacks_$name.data"
     echo "$name ($bin): $(python3 -c "import json,sys; d=json.load(open('stacks_$name.truth.json')); print(len(d['sleeps']), 'sleeps,', d['gil_waits'], 'GIL waits, perf script shows take_gil in', d['perf_script_take_gil_frames'])")"
 }
@@ -47,8 +47,8 @@ jit() {  # name python [python args...]
     local map
     map=$(ls -t /tmp/perf-*.map | head -1)  # the workload's: the newest
     mkdir -p perf-maps && rm -f perf-maps/perf-*.map && cp "$map" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
-    python3 ../test/stack_truth.py --jit "stacks_$name.data" > "stacks_$name.jit.json"
-    python3 ../test/stack_truth.py --gil-functions "stacks_$name.data" > "stacks_$name.gilfn.json"
+    python3 ../test/e2e/stack_truth.py --jit "stacks_$name.data" > "stacks_$name.jit.json"
+    python3 ../test/e2e/stack_truth.py --gil-functions "stacks_$name.data" > "stacks_$name.gilfn.json"
     echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
 }
 
@@ -68,8 +68,8 @@ jitdump() {  # name python [python args...]
     pid=$(basename "$dump" .dump); pid=${pid#jit-}
     mkdir -p perf-maps && rm -f perf-maps/jit-*.dump && cp "$dump" perf-maps/ && chmod 644 perf-maps/* "stacks_$name.data"
     perf inject --jit -i "stacks_$name.data" -o "/tmp/$name.injected.data"
-    python3 ../test/stack_truth.py --jit "/tmp/$name.injected.data" > "stacks_$name.jit.json"
-    python3 ../test/stack_truth.py --gil-functions "/tmp/$name.injected.data" > "stacks_$name.gilfn.json"
+    python3 ../test/e2e/stack_truth.py --jit "/tmp/$name.injected.data" > "stacks_$name.jit.json"
+    python3 ../test/e2e/stack_truth.py --gil-functions "/tmp/$name.injected.data" > "stacks_$name.gilfn.json"
     rm -f "/tmp/$name.injected.data" /tmp/jitted-"$pid"-*.so
     echo "$name: $(python3 -c "import json; print(len(json.load(open('stacks_$name.jit.json'))), 'sleeps with JIT frames')")"
 }
@@ -117,7 +117,7 @@ py2() {  # name python
     sleep 0.5
     kill -INT $truth; wait $truth || true
     unprobe
-    python3 ../test/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
+    python3 ../test/e2e/stack_truth.py "stacks_$name.data" "/tmp/$name.truth.data" > "stacks_$name.truth.json"
     chmod 644 "stacks_$name.data"
     echo "$name: $(python3 -c "import json; d=json.load(open('stacks_$name.truth.json')); print(len(d['sleeps']), 'sleeps,', d['gil_waits'], 'GIL waits')")"
 }
