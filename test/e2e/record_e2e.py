@@ -42,6 +42,14 @@ def read_terminal(master, on_read=None):
     return got.decode(errors="replace")
 
 
+def summary_functions(path, ok):
+    """GIL waits by Python function in a --summary-json: nothing when the run that wrote it failed."""
+    got = collections.Counter()
+    for row in json.load(open(path)).get("gil_functions", []) if ok else []:
+        got[row["function"]] += row["sleep_count"]
+    return got
+
+
 GILSCAN, WORKLOAD = sys.argv[1], sys.argv[2]
 PYTHONS = [f"/root/.pyenv/versions/{v}/bin/python3" for v in
            ("3.6.15", "3.7.16", "3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")]
@@ -389,9 +397,7 @@ with tempfile.TemporaryDirectory() as tmp:
     r = subprocess.run([GILSCAN, data, "-q", "--gil-functions", "--summary-json", summ_gf], capture_output=True, text=True)
     from stack_truth import gil_function_diff, gil_functions  # noqa: E402
     want = collections.Counter(f for _, _, f in gil_functions(data))
-    got = collections.Counter()
-    for row in json.load(open(summ_gf))["gil_functions"] if r.returncode == 0 else []:
-        got[row["function"]] += row["sleep_count"]
+    got = summary_functions(summ_gf, r.returncode == 0)
     check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
           f"--gil-functions: perf script's functions of the GIL waits ({dict(got)} against {dict(want)}; "
           f"{gil_function_diff(data, gil_functions(data), summ_gf, None) if r.returncode == 0 else ''})")
@@ -417,9 +423,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for name, path in (("the recording and its jitdump", data), ("the injected copy", injected)):
         r = subprocess.run([GILSCAN, path, "-q", "--gil-functions", "--summary-json", summ_gf, "--sleep-stacks", "64",
                             "-o", trace], capture_output=True, text=True)
-        got = collections.Counter()
-        for row in json.load(open(summ_gf))["gil_functions"] if r.returncode == 0 else []:
-            got[row["function"]] += row["sleep_count"]
+        got = summary_functions(summ_gf, r.returncode == 0)
         check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
               f"-X perf_jit, {name}: perf script's functions of the GIL waits ({dict(got)} against {dict(want)}; "
               f"{r.stderr[-300:]})")
@@ -444,9 +448,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"record --gil-functions: recorded without GIL probes, the table printed ({r.stderr[-300:]})")
     truth = gil_functions(data)
     want = collections.Counter(f for _, _, f in truth)
-    got = collections.Counter()
-    for row in json.load(open(summ_gf)).get("gil_functions", []) if r.returncode == 0 else []:
-        got[row["function"]] += row["sleep_count"]
+    got = summary_functions(summ_gf, r.returncode == 0)
     check(r.returncode == 0 and got == want and want["py::spin:" + WORKLOAD] > 5,
           f"record --gil-functions: perf script's functions ({dict(got)} against {dict(want)}; "
           f"{gil_function_diff(data, truth, summ_gf, trace) if r.returncode == 0 else ''})")
@@ -481,12 +483,11 @@ with tempfile.TemporaryDirectory() as tmp:
     s = json.load(open(summ_gf)) if r.returncode == 0 else {}
     truth = gil_functions(data)
     want = collections.Counter(f for _, _, f in truth)
-    got = collections.Counter()
-    for row in s.get("gil_functions", []):
-        got[row["function"]] += row["sleep_count"]
+    got = summary_functions(summ_gf, r.returncode == 0)
     check(s.get("gil_sleep_source") == "uprobes" and got == want and want["py::spin:" + WORKLOAD] > 5,
           f"record --gil --gil-functions: uprobe-labelled GIL waits by perf script's functions "
-          f"({s.get('gil_sleep_source')}, {dict(got)} against {dict(want)})")
+          f"({s.get('gil_sleep_source')}, {dict(got)} against {dict(want)}; "
+          f"{gil_function_diff(data, truth, summ_gf, trace) if r.returncode == 0 else ''})")
     # --sleep-stacks on the same uprobe-labelled recording: each sleep's
     # stack in the trace, the same at -j 1 and -j 3.
     stacked = []
