@@ -63,8 +63,16 @@ public:
 
     void sample(const Ev& e, int32_t pid, int32_t tid, uint32_t cpu, uint64_t time, const std::vector<uint8_t>& raw,
                 const StackCopy* stack = nullptr) {
-        test::SampleView v{.id = e.id, .ip = stack ? stack->ip : 0xffffffff81000000ull, .pid = pid, .tid = tid,
-                           .time = time, .addr = stack ? stack->addr : 0, .stream_id = e.id, .cpu = cpu, .raw = raw};
+        test::SampleView v;
+        v.id = e.id;
+        v.ip = stack ? stack->ip : 0xffffffff81000000ull;
+        v.pid = pid;
+        v.tid = tid;
+        v.time = time;
+        v.addr = stack ? stack->addr : 0;
+        v.stream_id = e.id;
+        v.cpu = cpu;
+        v.raw = raw;
         if (stack) {
             v.callchain = stack->callchain;
             v.regs_abi = stack->regs_abi;

@@ -152,8 +152,8 @@ TEST_CASE("uprobes installed through tracefs idempotently, and removed") {
 
 TEST_CASE("take_gil's entry probe reads which GIL on 3.12+ (tstate->interp->ceval.gil, offsets from DWARF)") {
     // The offsets as gdb prints them for these builds:
-    //   gdb -batch -ex 'print (long)&((PyThreadState*)0)->interp' \
-    //               -ex 'print (long)&((PyInterpreterState*)0)->ceval.gil' libpython3.1X.so.1.0
+    //   gdb -batch -ex 'print (long)&((PyThreadState*)0)->interp'
+    //              -ex 'print (long)&((PyInterpreterState*)0)->ceval.gil' libpython3.1X.so.1.0
     // 3.12.1: 16 and 384; 3.13.0: 16 and 16 (ceval moved to the interpreter's start).
     const std::pair<const char*, const char*> want[] = {
         {"/root/.pyenv/versions/3.12.1/lib/libpython3.12.so.1.0", "gil=+384(+16(%di)):x64"},
