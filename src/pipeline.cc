@@ -24,8 +24,11 @@ namespace pipeline {
 // each of whose reads lets the live view look at the stages.
 std::unique_ptr<Session> Run::open_session() {
     if (opt.input_fd < 0) return std::make_unique<Session>(opt.input);
+    std::function<uint64_t()> flushed;
+    if (opt.stream_flushed) flushed = [f = opt.stream_flushed] { return f->load(std::memory_order_acquire); };
     return std::make_unique<Session>(opt.display_name.empty() ? "perf record's output" : opt.display_name,
-                                     MappedFile::Stream{opt.input_fd, [this](uint64_t) { live_tick(); }});
+                                     MappedFile::Stream{opt.input_fd, [this](uint64_t) { live_tick(); }},
+                                     std::move(flushed));
 }
 
 }  // namespace pipeline

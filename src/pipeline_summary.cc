@@ -146,12 +146,12 @@ void Run::live_tick() {
 // the GILs; blame's rows.
 LiveFigures live_figures(const Run& r, uint64_t now) {
     // The stages have every record up to their latest event (records come
-    // in time order): the figures are exact there. Past it only once the
-    // stream is caught up (everything perf wrote delivered, nothing new
-    // since): the open states then last up to `now`, which lags the clock
-    // by more than perf takes to write out what it has.
+    // in time order), and up to the moment the stream is known to be
+    // delivered (perf's flushes, Session::delivered_to): the figures are
+    // exact up to the later of the two, not past `now`. Open states count
+    // up to that moment.
     const uint64_t latest = r.timeline->latest();
-    now = r.session.caught_up() ? std::max(now, latest) : latest;
+    now = std::max(latest, std::min(now, r.session.delivered_to()));
     LiveFigures f;
     f.time = now;
     f.gil_probes = r.gil->seen_probes();

@@ -15,6 +15,7 @@
 // trace is then not written.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -32,9 +33,10 @@ namespace gilscan {
 class LiveAnalysis {
 public:
     virtual ~LiveAnalysis() = default;
-    // Every figure from the recording's start up to `now` (the recording's
-    // clock: CLOCK_MONOTONIC ns for gilscan record's), open states counted
-    // up to it; nothing is closed.
+    // Every figure from the recording's start up to the latest moment the
+    // stages are known to have every record for, not past `now` (the
+    // recording's clock: CLOCK_MONOTONIC ns for gilscan record's): its
+    // `time`. Open states are counted up to it; nothing is closed.
     virtual LiveFigures figures(uint64_t now) const = 0;
 };
 
@@ -47,6 +49,10 @@ struct AnalysisOptions {
     // the stream is read: at each read, and every 100 ms while it waits for
     // perf. The stages are at rest during the call.
     std::function<void(const LiveAnalysis&)> on_live;
+    // With input_fd: a time (CLOCK_MONOTONIC ns) before which perf has
+    // written every record to the stream, once known (0 until then); set
+    // from another thread (gilscan top's record loop: RecordTarget::flushed_to).
+    const std::atomic<uint64_t>* stream_flushed = nullptr;
     std::string display_name;   // the name to report (e.g. the .data.zst it came from)
     std::string output;         // trace JSON path, "" = none
     std::string html;           // --html report path, "" = none (html_report.h)

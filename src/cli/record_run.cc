@@ -5,6 +5,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <ctime>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -230,23 +232,54 @@ bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, 
 // Until perf and the program (if any) have exited: perf is told to stop
 // (SIGINT: it writes what it has) once the program has exited, or, with no
 // program, on a signal or at --duration.
-// A ping to perf (live: each tick), and its answers read and dropped so
-// that its channel never fills.
-void ping_perf(Pipe& ctl, Pipe& ack) {
-    write_all(ctl.fd[1], "ping\n");
-    char buf[256];
-    for (pollfd p{ack.fd[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);)
-        if (::read(ack.fd[0], buf, sizeof buf) <= 0) break;
+uint64_t monotonic_now() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
+
+// The pings to perf (live: one a tick) and its answers ("ack\n" each, in
+// order), read so that its channel never fills. perf handles one command
+// per turn of its loop, and each turn reads all its buffers first: the
+// answer to a ping proves every record up to the ping before it written.
+class PerfPings {
+public:
+    explicit PerfPings(std::atomic<uint64_t>* flushed_to) : flushed_to_(flushed_to) {}
+    void ping(Pipe& ctl, Pipe& ack) {
+        sent_.push_back(monotonic_now());
+        write_all(ctl.fd[1], "ping\n");
+        char buf[256];
+        for (pollfd p{ack.fd[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);) {
+            const ssize_t n = ::read(ack.fd[0], buf, sizeof buf);
+            if (n <= 0) break;
+            for (ssize_t i = 0; i < n; ++i)
+                if (buf[i] == '\n') answered();
+        }
+    }
+
+private:
+    void answered() {
+        if (sent_.empty()) return;
+        if (answered_before_ && flushed_to_) flushed_to_->store(before_, std::memory_order_release);
+        before_ = sent_.front();
+        answered_before_ = true;
+        sent_.pop_front();
+    }
+    std::atomic<uint64_t>* flushed_to_;
+    std::deque<uint64_t> sent_;
+    uint64_t before_ = 0;  // when the last answered ping was sent
+    bool answered_before_ = false;
+};
 
 void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool perf_done, bool stop_sent,
                   StderrRelay* relay, bool& relay_open, Pipe& ctl, Pipe& ack, RunOutcome& out) {
     const bool has_program = program > 0;
     bool program_done = !has_program, program_interrupted = false;
     const auto start = std::chrono::steady_clock::now();
+    PerfPings pings(target.flushed_to);
     while (!(perf_done && program_done)) {
         tick(relay, relay_open);
-        if (target.live && !perf_done && !stop_sent) ping_perf(ctl, ack);
+        if (target.live && !perf_done && !stop_sent) pings.ping(ctl, ack);
         if (!program_done && reaped(program, out.program_status)) {
             program_done = true;
             g_program = 0;

@@ -30,10 +30,6 @@ namespace gilscan {
 
 namespace {
 
-// Once the stream is caught up, the moment shown lags the clock by this
-// much: more than perf (asked every 100 ms) takes to write out what it has.
-constexpr uint64_t kLagNs = 500'000'000;
-
 struct TopRequest {
     LiveRecordRequest rec;
     double interval = 1.0;
@@ -174,8 +170,13 @@ public:
             if (screen_.quit_typed()) stop_ = true;
         }
         if (now < next_) return;
+        LiveFigures f = a.figures(now);
+        // Less than half an interval known past the moment shown last (perf
+        // has written nothing since, or not been seen to: starved of CPU,
+        // say): looked at again at the next call.
+        if (f.time < view_.time() + step_ / 2) return;
         next_ = std::max(next_ + step_, now + step_ / 2);
-        view_.update(a.figures(now - kLagNs));
+        view_.update(std::move(f));
         show();
     }
     // The end: the last moment is the recording's last event.
@@ -217,10 +218,12 @@ struct Analysis {
     std::exception_ptr failed;
     std::thread thread;
 
-    Analysis(const TopRequest& q, int fd, Shower& shower, std::atomic<bool>& stop) {
-        thread = std::thread([this, &q, fd, &shower, &stop] {
+    Analysis(const TopRequest& q, int fd, const std::atomic<uint64_t>& flushed, Shower& shower,
+             std::atomic<bool>& stop) {
+        thread = std::thread([this, &q, fd, &flushed, &shower, &stop] {
             AnalysisOptions a;
             a.input_fd = fd;  // the session's: closed when it ends, which stops perf if it was early
+            a.stream_flushed = &flushed;
             a.display_name = "perf record -o -";
             a.jobs = 1;
             a.blame = q.rec.blame;
@@ -266,13 +269,15 @@ int top_main(int argc, char** argv) {
     ::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
     int perf_out = fds[1];
     std::atomic<bool> stop{false};
+    std::atomic<uint64_t> flushed{0};  // perf's answers to the pings: every record up to there is in the pipe
     q.rec.target.perf_stdout = &perf_out;
+    q.rec.target.flushed_to = &flushed;
     q.rec.target.stop = &stop;
     q.rec.target.live = true;
 
     std::optional<Screen> screen(std::in_place, !q.batch);
     Shower shower(q, *screen, stop);
-    Analysis analysis(q, fds[0], shower, stop);
+    Analysis analysis(q, fds[0], flushed, shower, stop);
     RunOutcome run;
     std::exception_ptr record_failed;
     try {

@@ -108,8 +108,8 @@ void SessionReader::read_records() {
     }
 }
 
-void SessionReader::deliver_waiting() {
-    queued([&](auto& h) { q.flush_all(h); });
+void SessionReader::deliver_until(uint64_t limit) {
+    queued([&](auto& h) { q.flush_until(limit, h); });
     send();
 }
 

@@ -15,9 +15,9 @@ Session::Session(const std::string& path) : file_(path) { open(); }
 
 Session::Session(const std::string& name, Bytes memory) : file_(name, memory), tracefs_fallback_(false) { open(); }
 
-Session::Session(const std::string& name, MappedFile::Stream stream)
+Session::Session(const std::string& name, MappedFile::Stream stream, std::function<uint64_t()> flushed)
     : file_(name, MappedFile::Stream{stream.fd, [this](uint64_t idle) { stream_waiting(idle); }}),
-      stream_waiting_(std::move(stream.waiting)) {
+      flushed_(std::move(flushed)), stream_waiting_(std::move(stream.waiting)) {
     // Only the 16-byte pipe header is held: a file's header (size 104)
     // would read as cut short, where it is the wrong kind of recording.
     const Bytes b = file_.bytes();
@@ -56,15 +56,19 @@ void Session::open() {
 
 Session::~Session() = default;
 
-// Nothing new for a while: perf (pinged by gilscan top) has written out all
-// it had, so no record older than those waiting to be ordered can still
-// come; they go to the sink now rather than at the next round's end.
+// Called after each read that brought bytes (idle_ns 0) and after each
+// wait that found none (MappedFile's poll, begun after the last call). perf
+// had written every record up to flushed_before_wait_ to the stream before
+// that wait began, and the wait found it empty: all of them are read, and
+// no record up to there can still come. Those waiting to be ordered go to
+// the sink now rather than at the next round's end.
 void Session::stream_waiting(uint64_t idle_ns) {
-    if (idle_ns == 0) {
-        caught_up_ = false;
-    } else if (idle_ns >= kStreamIdleNs && live_reader_ && !caught_up_) {
-        live_reader_->deliver_waiting();
-        caught_up_ = true;
+    if (flushed_) {
+        if (idle_ns > 0 && live_reader_ && flushed_before_wait_ > delivered_to_) {
+            live_reader_->deliver_until(flushed_before_wait_);
+            delivered_to_ = flushed_before_wait_;
+        }
+        flushed_before_wait_ = flushed_();
     }
     if (stream_waiting_) stream_waiting_(idle_ns);
 }

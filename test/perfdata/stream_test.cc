@@ -129,35 +129,42 @@ TEST_CASE("a stream cut inside a record: the records before it, and a warning") 
     CHECK(s.stats().truncated);
 }
 
-TEST_CASE("a stream with nothing new for a while: the records waiting to be ordered go to the sink, caught_up()") {
-    SchedRecording r;
-    r.switch_(100, 0, 10, 11, 1, 0);
-    r.w.finished_round();
-    r.switch_(200, 1, 10, 12, 1, 0);  // no round ends after it until the writer goes on
-    const std::vector<uint8_t> head = r.w.build_pipe();
-    r.switch_(300, 0, 10, 11, 1, 0);
-    r.w.finished_round();
-    const std::vector<uint8_t> bytes = r.w.build_pipe();
-    PipeWriter w(bytes, 1 << 20, head.size());
-    struct Watch : Times {
-        PipeWriter* w;
-        size_t seen_while_held = 0;
-        void on_sample(const Sample& s, const EventInfo& ev) override {
-            Times::on_sample(s, ev);
-            if (!w->go && ++seen_while_held == 2) w->go = true;
-        }
-    } watch;
-    watch.w = &w;
-    bool caught_up_seen = false;
-    Session* session = nullptr;
-    Session s("stream", MappedFile::Stream{w.fds[0], [&](uint64_t) {
-                  if (session && session->caught_up()) caught_up_seen = true;
-              }});
-    session = &s;
-    s.run(watch);
-    CHECK(watch.seen_while_held == 2);  // both, though no round released them
-    CHECK(caught_up_seen);
-    CHECK_FALSE(s.caught_up());  // the last bytes brought new records
-    CHECK(watch.times == std::vector<uint64_t>{100, 200, 300});
-    CHECK(s.stats().out_of_order == 0);
+TEST_CASE("a stream found empty: the records waiting to be ordered go to the sink up to perf's flushed time") {
+    // 100 ends a round, 200 does not: both wait for the next round's end
+    // (perf's rule) while the writer holds. perf's flushed time (gilscan
+    // top's pings) lets those up to it go once a wait finds the stream empty.
+    struct Case {
+        uint64_t flushed;       // what the pings proved (0: nothing yet)
+        size_t while_held;      // records delivered before the writer goes on
+    };
+    for (const Case c : {Case{0, 0}, Case{150, 1}, Case{250, 2}}) {
+        CAPTURE(c.flushed);
+        SchedRecording r;
+        r.switch_(100, 0, 10, 11, 1, 0);
+        r.w.finished_round();
+        r.switch_(200, 1, 10, 12, 1, 0);
+        const std::vector<uint8_t> head = r.w.build_pipe();
+        r.switch_(300, 0, 10, 11, 1, 0);
+        r.w.finished_round();
+        PipeWriter w(r.w.build_pipe(), 1 << 20, head.size());
+        Times got;
+        size_t idle_waits = 0, while_held = SIZE_MAX;
+        uint64_t delivered_while_held = 0;
+        Session* session = nullptr;
+        Session s("stream", MappedFile::Stream{w.fds[0], [&](uint64_t idle) {
+                      // Three empty waits while held (the first may find the
+                      // writer's last bytes still coming): then it goes on.
+                      if (idle == 0 || w.go || ++idle_waits < 3) return;
+                      while_held = got.times.size();
+                      delivered_while_held = session->delivered_to();
+                      w.go = true;
+                  }},
+                  [&c] { return c.flushed; });
+        session = &s;
+        s.run(got);
+        CHECK(while_held == c.while_held);
+        CHECK(delivered_while_held == c.flushed);
+        CHECK(got.times == std::vector<uint64_t>{100, 200, 300});
+        CHECK(s.stats().out_of_order == 0);
+    }
 }

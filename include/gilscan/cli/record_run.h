@@ -42,6 +42,12 @@ struct RecordTarget {
     // to write out what its buffers hold, so the stream keeps up with the
     // program within a tick or two whatever the event rate.
     bool live = false;
+    // With live: set to the time (CLOCK_MONOTONIC ns, the recording's
+    // clock) a ping was sent once perf has answered the next one. perf
+    // answers a ping, then reads all its buffers and writes out what they
+    // held, before it reads the next: at that answer every record up to
+    // the earlier ping is on perf's stdout.
+    std::atomic<uint64_t>* flushed_to = nullptr;
 };
 
 struct RunOutcome {

@@ -170,9 +170,16 @@ public:
 
     template <class Deliver>
     void flush_all(Deliver&& deliver) {
+        flush_until(~uint64_t{0}, deliver);
+    }
+
+    // Delivers every record up to `limit`, whatever the rounds say (a stream
+    // known to hold every record up to there).
+    template <class Deliver>
+    void flush_until(uint64_t limit, Deliver&& deliver) {
         drain(deliver);
         arrange();
-        release_until(~uint64_t{0});
+        release_until(limit);
         drain(deliver);
     }
 

@@ -120,8 +120,8 @@ public:
     // Threaded, an exception is kept in `error` for the stages' thread.
     void read_all(BatchHandoff& handoff);
     // Inline, from within a stream's read (Session::stream_waiting): the
-    // records waiting to be ordered, to the stages now.
-    void deliver_waiting();
+    // records waiting to be ordered up to `limit` (a time), to the stages now.
+    void deliver_until(uint64_t limit);
 
     ChunkTable chunks;  // before rs and q: they release chunks when destroyed
     RecordStream rs;

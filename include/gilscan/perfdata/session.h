@@ -120,15 +120,19 @@ public:
     // Bytes in memory (fuzzing): never falls back to this machine's tracefs.
     Session(const std::string& name, Bytes memory);
     // A pipe-mode stream as perf writes it (gilscan top): read inline,
-    // each round handed to the sink as soon as it is ordered. Once nothing
-    // has come for kStreamIdleNs, the records still waiting to be ordered
-    // (the last round's, held until the next round ends) go to the sink
-    // too: everything the stream had is then delivered (caught_up()).
-    // stream.waiting is called as MappedFile says, after that.
-    Session(const std::string& name, MappedFile::Stream stream);
-    static constexpr uint64_t kStreamIdleNs = 300'000'000;
-    // A stream's every record so far is delivered and nothing new has come since.
-    bool caught_up() const { return caught_up_; }
+    // each round handed to the sink as soon as it is ordered; a round is
+    // held until the next ends (perf's rule), for its records may be older
+    // than the last of the round before.
+    // flushed(): a time (the recording's clock) before which perf has
+    // written every record to the stream, once that is known (else 0):
+    // gilscan top's pings to perf, each answered only after perf wrote out
+    // its buffers for the one before. When a wait for bytes finds the
+    // stream empty and every byte perf had written by that time read, the
+    // records waiting to be ordered up to that time go to the sink too
+    // (delivered_to()). stream.waiting is called as MappedFile says, after that.
+    Session(const std::string& name, MappedFile::Stream stream, std::function<uint64_t()> flushed = {});
+    // A stream's: every record up to this time has gone to the sink (0: not known).
+    uint64_t delivered_to() const { return delivered_to_; }
     ~Session();
 
     void run(EventSink& sink);
@@ -201,10 +205,12 @@ private:
     TracingData tracing_;
     bool have_tracing_ = false;
     bool tracefs_fallback_ = true;
-    // A stream's: the reader while run() reads it inline, whether all it
-    // had is delivered, and the caller's waiting (MappedFile::Stream).
+    // A stream's: the reader while run() reads it inline, perf's flushed
+    // time as it was before the current wait for bytes began, up to where
+    // the records are delivered, and the caller's waiting (MappedFile::Stream).
     SessionReader* live_reader_ = nullptr;
-    bool caught_up_ = false;
+    std::function<uint64_t()> flushed_;
+    uint64_t flushed_before_wait_ = 0, delivered_to_ = 0;
     std::function<void(uint64_t)> stream_waiting_;
     void stream_waiting(uint64_t idle_ns);
     std::vector<EventInfo> events_;
