@@ -232,12 +232,6 @@ bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, 
 // Until perf and the program (if any) have exited: perf is told to stop
 // (SIGINT: it writes what it has) once the program has exited, or, with no
 // program, on a signal or at --duration.
-uint64_t monotonic_now() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 // The pings to perf (live: one a tick) and its answers ("ack\n" each, in
 // order), read so that its channel never fills. perf handles one command
 // per turn of its loop, and each turn reads all its buffers first: the
@@ -246,7 +240,7 @@ class PerfPings {
 public:
     explicit PerfPings(std::atomic<uint64_t>* flushed_to) : flushed_to_(flushed_to) {}
     void ping(Pipe& ctl, Pipe& ack) {
-        sent_.push_back(monotonic_now());
+        sent_.push_back(monotonic_ns());
         write_all(ctl.fd[1], "ping\n");
         char buf[256];
         for (pollfd p{ack.fd[0], POLLIN, 0}; ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);) {
@@ -302,6 +296,12 @@ void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool pe
 }
 
 }  // namespace
+
+uint64_t monotonic_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 int exit_status(int wait_status) {
     return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : WIFSIGNALED(wait_status) ? 128 + WTERMSIG(wait_status) : 1;

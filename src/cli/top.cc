@@ -77,12 +77,6 @@ std::optional<TopRequest> parse_top_args(int argc, char** argv) {
     return q;
 }
 
-uint64_t monotonic_ns() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 // The terminal while the view is on it: the alternate screen, no cursor,
 // keys read one at a time without echo (Ctrl-C still signals). Put back as
 // it was at the end.

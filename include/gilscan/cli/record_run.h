@@ -65,6 +65,9 @@ bool left_by_ended_run(const std::string& pid);
 
 // perf_args: "perf", "record", options and events, without a target; the
 // target (-p PID / -a) and the control channel are added here.
+// CLOCK_MONOTONIC now, in ns: the clock of gilscan record's recordings.
+uint64_t monotonic_ns();
+
 // A wait status as a shell's $?: the exit code, or 128 + the signal.
 int exit_status(int wait_status);
 
