@@ -229,9 +229,6 @@ bool wait_until_recording(pid_t perf, Pipe& ctl, Pipe& ack, StderrRelay* relay, 
     }
 }
 
-// Until perf and the program (if any) have exited: perf is told to stop
-// (SIGINT: it writes what it has) once the program has exited, or, with no
-// program, on a signal or at --duration.
 // The pings to perf (live: one a tick) and its answers ("ack\n" each, in
 // order), read so that its channel never fills. perf handles one command
 // per turn of its loop, and each turn reads all its buffers first: the
@@ -265,6 +262,9 @@ private:
     bool answered_before_ = false;
 };
 
+// Until perf and the program (if any) have exited: perf is told to stop
+// (SIGINT: it writes what it has) once the program has exited, or, with no
+// program, on a signal or at --duration.
 void wait_for_end(const RecordTarget& target, pid_t perf, pid_t program, bool perf_done, bool stop_sent,
                   StderrRelay* relay, bool& relay_open, Pipe& ctl, Pipe& ack, RunOutcome& out) {
     const bool has_program = program > 0;

@@ -169,9 +169,7 @@ public:
     }
 
     template <class Deliver>
-    void flush_all(Deliver&& deliver) {
-        flush_until(~uint64_t{0}, deliver);
-    }
+    void flush_all(Deliver&& deliver) { flush_until(~uint64_t{0}, deliver); }
 
     // Delivers every record up to `limit`, whatever the rounds say (a stream
     // known to hold every record up to there).
