@@ -10,9 +10,9 @@
 // thread of its own (pipeline.h: AnalysisOptions::input_fd): the memory is
 // the stages' (threads, GILs, blamed stacks), not the recording's. Every
 // interval the view (output/top_view.h) shows the figures up to the latest
-// event the analysis has, or, once the stream is caught up, up to half a
-// second ago (pipeline.h: LiveAnalysis; perf is asked every 100 ms to
-// write out its buffers).
+// event the analysis has, or, once the stream is found empty, up to the
+// last ping perf is seen to have acted on (pipeline.h: LiveAnalysis; perf
+// is pinged every 100 ms to write out its buffers: record_run.h, flushed_to).
 #pragma once
 
 namespace gilscan {
