@@ -251,15 +251,13 @@ public:
 private:
     void answered() {
         if (sent_.empty()) return;
-        if (answered_before_ && flushed_to_) flushed_to_->store(before_, std::memory_order_release);
+        if (before_ && flushed_to_) flushed_to_->store(before_, std::memory_order_release);
         before_ = sent_.front();
-        answered_before_ = true;
         sent_.pop_front();
     }
     std::atomic<uint64_t>* flushed_to_;
     std::deque<uint64_t> sent_;
-    uint64_t before_ = 0;  // when the last answered ping was sent
-    bool answered_before_ = false;
+    uint64_t before_ = 0;  // when the last answered ping was sent (0: none yet)
 };
 
 // Until perf and the program (if any) have exited: perf is told to stop

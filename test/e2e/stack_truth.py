@@ -82,7 +82,6 @@ def gil_functions(test):
     return out
 
 
-
 def gil_function_diff(test, truth, summary, trace):
     """Why gilscan's GIL waits by function differ from perf script's (truth: gil_functions(test)), for a
     failing check's message: the sleeps of one and not the other (from trace, gilscan's Chrome trace,
@@ -108,6 +107,7 @@ def gil_function_diff(test, truth, summary, trace):
                 and abs(int(m.group(1)) * 10**9 + int(m.group(2)) - t) <= 50_000 and str(tid) in ln]
         out.append("perf script near it: " + " | ".join(near[:8]))
     return "; ".join(out)
+
 
 def main(test, truth):
     intervals = {}  # tid -> list of [start, end]

@@ -150,10 +150,10 @@ def stall_perf(top, after, seconds):
     time.sleep(after)
     perf = subprocess.run(["pgrep", "-P", str(top.pid), "-x", "perf"], capture_output=True, text=True).stdout.split()
     check(len(perf) == 1, f"gilscan top's perf found ({perf})")
-    for pid in perf:
-        os.kill(int(pid), signal.SIGSTOP)
+    if len(perf) == 1:
+        os.kill(int(perf[0]), signal.SIGSTOP)
         time.sleep(seconds)
-        os.kill(int(pid), signal.SIGCONT)
+        os.kill(int(perf[0]), signal.SIGCONT)
 
 
 def run_program(tmp, group, stall=0.0):

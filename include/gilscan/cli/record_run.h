@@ -63,14 +63,14 @@ struct RunOutcome {
 // that pid. (A run killed by SIGKILL cannot clean up; the next one does.)
 bool left_by_ended_run(const std::string& pid);
 
-// perf_args: "perf", "record", options and events, without a target; the
-// target (-p PID / -a) and the control channel are added here.
 // CLOCK_MONOTONIC now, in ns: the clock of gilscan record's recordings.
 uint64_t monotonic_ns();
 
 // A wait status as a shell's $?: the exit code, or 128 + the signal.
 int exit_status(int wait_status);
 
+// perf_args: "perf", "record", options and events, without a target; the
+// target (-p PID / -a) and the control channel are added here.
 RunOutcome run_recording(const std::vector<std::string>& perf_args, const RecordTarget& target, bool quiet);
 
 }  // namespace gilscan
