@@ -3,26 +3,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
-#include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "gilscan/pipeline.h"
+#include "gilscan/cli/batch_child.h"
 #include "gilscan/cli/batch_inputs.h"
 #include "gilscan/cli/options.h"
 #include "gilscan/symbols/debuginfo_cache.h"
@@ -37,20 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr uint64_t kDefaultMaxUnpacked = 64ull << 30;
-
-}  // namespace
-
-
-namespace {
-
-struct Result {
-    std::string path;
-    std::string error;
-    bool write_error = false;  // the recording was read; its trace could not be written
-    std::string date;
-    nlohmann::json summary;    // summary_json() of the recording, from its analysing process
-};
+using Result = BatchResult;
 
 const char* kColumns[] = {"recording", "error",      "host",        "cmdline",     "date",       "pid",
                           "tid",       "comm",       "main_thread", "span_us",     "running_us", "runnable_us",
@@ -172,6 +151,7 @@ struct BatchOptions {
     std::string summary_path, traces_dir, symfs, time, evidence = "auto", functions_path, blame_path, perf_maps = "/tmp";
     std::string cache_dir = default_debuginfo_cache_dir();
     uint64_t max_unpacked = kDefaultMaxUnpacked;
+    double timeout_s = 0;  // 0: none
     std::vector<std::string> paths;
     Shard shard;
 };
@@ -225,17 +205,14 @@ std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
     t.value("--max-unpacked", "MIB", "the most a .zst archive may unpack to (default 65536)", [&](const std::string& v) {
         o.max_unpacked = cli_number<uint64_t>("--max-unpacked", v, 1, 1ull << 40) << 20;
     });
+    t.value("--timeout", "S", "stop a recording's analysis after S seconds: its row says so",
+            [&](const std::string& v) { o.timeout_s = cli_seconds("--timeout", v); });
     t.operands("PATH", [&](const std::string& v) { o.paths.push_back(v); });
     t.epilogue("Archives unpack under $TMPDIR (else /tmp), never into the last tenth of its free space.\n"
                "Every option in detail: docs/usage.md.");
     if (!t.parse(argc, argv, 2)) return std::nullopt;
     if (o.paths.empty()) throw UsageError("no recordings given");
     return o;
-}
-
-std::string temp_dir() {
-    const char* t = std::getenv("TMPDIR");
-    return t && *t ? t : "/tmp";
 }
 
 // The analysing process's argument vector for recording i (batch_one_main reads it).
@@ -254,70 +231,6 @@ std::vector<std::string> one_args(const BatchOptions& o, const std::string& inpu
     return a;
 }
 
-std::string signal_name(int sig) {
-    const char* d = ::sigdescr_np(sig);
-    return "signal " + std::to_string(sig) + (d ? std::string(" (") + d + ")" : "");
-}
-
-// Runs one recording's analysis in a process of its own (this executable,
-// no shell) and reads its one JSON answer: a crash, or memory it cannot
-// get, ends that process and becomes this recording's error.
-void analyse_in_child(const std::vector<std::string>& args, Result& r) {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw Error(r.path, Error::no_offset, std::string("pipe: ") + std::strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    std::vector<char*> argv;
-    for (const auto& s : args) argv.push_back(const_cast<char*>(s.c_str()));
-    argv.push_back(nullptr);
-    pid_t pid = -1;
-    const int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(out[1]);
-    if (rc != 0) {
-        ::close(out[0]);
-        throw Error(r.path, Error::no_offset, std::string("cannot start its analysis: ") + std::strerror(rc));
-    }
-    std::string answer;
-    char buf[65536];
-    for (;;) {
-        const ssize_t n = ::read(out[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        answer.append(buf, static_cast<size_t>(n));
-    }
-    ::close(out[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    if (WIFSIGNALED(status)) {
-        r.error = r.path + ": the analysis crashed: " + signal_name(WTERMSIG(status));
-        return;
-    }
-    nlohmann::json j = nlohmann::json::parse(answer, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-        r.error = r.path + ": the analysis ended without a result (exit status " +
-                  std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")";
-        return;
-    }
-    if (j.contains("error")) {
-        r.error = j["error"].get<std::string>();
-        r.write_error = j.value("write_error", false);
-        return;
-    }
-    r.summary = std::move(j["summary"]);
-    r.date = j.value("date", "");
-}
-
-// batch may die without waiting for this process (kill -9, a cluster's time
-// limit): the kernel then sends it SIGTERM, whose handler removes its
-// temporaries, rather than letting it analyse on for nobody. A parent gone
-// before the request took effect shows as another parent (the reaper).
-void die_with_parent(pid_t parent) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::raise(SIGTERM);
-}
-
 void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& text) {
     if (out) {
         out->write(text);
@@ -328,64 +241,6 @@ void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& t
 }
 
 }  // namespace
-
-// One recording, in the process batch_main started for it: its summary (or
-// its error) as one JSON object on stdout.
-int batch_one_main(int argc, char** argv) {
-    AnalysisOptions o;
-    uint64_t max_unpacked = kDefaultMaxUnpacked;
-    if (argc < 3) throw UsageError("no recording given");
-    o.input = argv[2];  // first, whatever its name (one_args puts it there)
-    // The options one_args passes on; not a command for users (no help).
-    OptionTable t(kBatchOneCommand, "FILE [options]", "");
-    t.value("--gil-evidence", "E", "", [&](const std::string& v) { o.gil_evidence = v; });
-    t.value("-j", "N", "", [&](const std::string& v) { o.jobs = cli_number<unsigned>("-j", v, 1, 1024); });
-    t.value("--max-unpacked", "MIB", "", [&](const std::string& v) {
-        max_unpacked = cli_number<uint64_t>("--max-unpacked", v, 1, 1ull << 40) << 20;
-    });
-    t.value("--symfs", "DIR", "", [&](const std::string& v) { o.symfs = v; });
-    t.value("--time", "W", "", [&](const std::string& v) { o.window = TimeWindow::parse(v); });
-    t.value("--perf-maps", "DIR", "", [&](const std::string& v) { o.perf_maps = v; });
-    t.flag("--no-perf-maps", "", [&] { o.perf_maps.clear(); });
-    t.value("--cache-entries", "DIR", "", [&](const std::string& v) { o.debuginfo_cache = v; });
-    t.flag("--no-cache", "", [&] { o.debuginfo_cache.clear(); });
-    t.flag("--gil-functions", "", [&] { o.gil_functions = true; });
-    t.value("-o", "FILE", "", [&](const std::string& v) { o.output = v; });
-    pid_t parent = 0;
-    t.value("--parent", "PID", "",
-            [&](const std::string& v) { parent = cli_number<pid_t>("--parent", v, 1, 0x3fffffff); });
-    if (!t.parse(argc, argv, 3)) return 0;
-    if (parent) die_with_parent(parent);
-    const std::string path = o.input;
-    nlohmann::json answer;
-    try {
-        int unpacked = -1;
-        if (path.ends_with(".zst")) {
-            unpacked = unpack_zstd_archive(path, temp_dir(), max_unpacked);
-            o.input = "/proc/self/fd/" + std::to_string(unpacked);
-            o.display_name = path;
-        }
-        check_outputs({{"a trace", o.output}}, {path});
-        FileSummary s = analyse_recording(o);
-        if (unpacked >= 0) ::close(unpacked);
-        s.file = path;
-        // The recording's own clock data, else (as perf report does) the file's mtime.
-        struct stat st {};
-        const std::string date = !s.date.empty() ? s.date
-                                 : ::stat(path.c_str(), &st) == 0
-                                     ? iso8601_utc(static_cast<int64_t>(st.st_mtime) * 1000000000)
-                                     : "";
-        answer = {{"summary", summary_json(s)}, {"date", date}};
-    } catch (const Error& e) {
-        answer = {{"error", e.what()}, {"write_error", !o.output.empty() && e.file() == o.output}};
-    } catch (const std::bad_alloc&) {
-        answer = {{"error", path + ": out of memory"}};
-    } catch (const std::exception& e) {
-        answer = {{"error", path + ": " + e.what()}};
-    }
-    const std::string text = json_dump(answer);
-    return std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0 ? 0 : 1;
-}
 
 // The tables, rows in input order whatever order the workers finished in;
 // each recording's error said. Returns how many traces could not be written.
@@ -461,7 +316,7 @@ int batch_main(int argc, char** argv) {
             Result& r = results[i];
             r.path = inputs[i].path;
             try {
-                analyse_in_child(one_args(opt, r.path, inputs[i].index, each), r);
+                analyse_in_child(one_args(opt, r.path, inputs[i].index, each), opt.timeout_s, r);
             } catch (const std::exception& e) {
                 r.error = e.what();
             }

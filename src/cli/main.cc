@@ -20,6 +20,7 @@
 #include "gilscan/pipeline.h"
 #include "gilscan/cli/options.h"
 #include "gilscan/cli/batch.h"
+#include "gilscan/cli/batch_child.h"
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
 #include "gilscan/output/output_file.h"

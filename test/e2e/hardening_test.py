@@ -5,6 +5,7 @@ file-system states, signals, write errors (run by meson test).
 usage: hardening_test.py GILSCAN PERFGEN TESTDATA_DIR
 Prints "N passed, N failed" and exits non-zero on any failure.
 """
+import ctypes
 import glob
 import json
 import os
@@ -59,6 +60,29 @@ def gone_within(pid, seconds):
             return True
         time.sleep(0.02)
     return False
+
+
+def ptrace_stop(pid):
+    """Holds every thread of process `pid` in a ptrace stop: no signal but
+    SIGKILL ends it while this process lives. Returns the threads held."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    held = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if libc.ptrace(16, int(tid), None, None) == 0:  # PTRACE_ATTACH: the thread stops, never resumed
+            held.append(int(tid))
+    return held
+
+
+def reap_traced(held):
+    """Collects what the held threads report (their deaths above all:
+    batch, their parent, can wait for them only once their tracer has)."""
+    for tid in list(held):
+        try:
+            if os.waitpid(tid, os.WNOHANG | 0x40000000)[0] == tid and not os.path.exists(f"/proc/{tid}"):
+                held.remove(tid)
+        except ChildProcessError:
+            held.remove(tid)
 
 
 def pipe_records(b):
@@ -163,6 +187,40 @@ with tempfile.TemporaryDirectory() as tmp:
     left = sorted(os.listdir(traces)) if os.path.isdir(traces) else []
     check(child is not None and gone and not left,
           f"batch killed: its analysis ends with it, no trace or temporary left ({child}, {gone}, {left})")
+
+    # --timeout: an analysis still running is stopped, its row says so, and
+    # the batch goes on. A stopped process gets SIGTERM with SIGCONT (its
+    # handler removes its temporaries); one held so that SIGTERM cannot act
+    # (a ptrace stop here, a deadlock in the wild) gets SIGKILL 5 s later.
+    for hold in ("SIGSTOP", "ptrace"):
+        traces = os.path.join(tmp, f"timeout-{hold}")
+        start = time.time()
+        p = subprocess.Popen([GILSCAN, "batch", "-j", "1", "--timeout", "1", "--traces", traces, "--summary",
+                              os.path.join(tmp, "rows4.jsonl"), arch], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        child = analysing_process(p, big, signal.SIGSTOP if hold == "SIGSTOP" else None)
+        held = ptrace_stop(child) if hold == "ptrace" and child else []
+        n_held = len(held)
+        while p.poll() is None and time.time() - start < 60:
+            reap_traced(held)
+            time.sleep(0.01)
+        took = time.time() - start
+        if p.poll() is None:  # batch did not stop it: the check below fails
+            p.kill()
+            os.kill(child, signal.SIGKILL)
+            reap_traced(held)
+        out, err = p.communicate(timeout=60)
+        rows = [json.loads(ln) for ln in open(os.path.join(tmp, "rows4.jsonl"))] if p.returncode == 0 else []
+        big_error = "".join(x["error"] or "" for x in rows if x["recording"] == big)
+        killed = hold == "ptrace"
+        check(child and (n_held or not killed) and "ran past --timeout 1 s and was stopped" in big_error
+              and ("(SIGKILL)" in big_error) == killed and (5.5 < took < 30 if killed else took < 5),
+              f"batch --timeout, analysis held by {hold}: stopped, its row says how ({child}, {n_held}, {took:.1f} s, "
+              f"{big_error!r}, {err[-300:]})")
+        check(any(x["recording"].endswith("plain.data") and x["tid"] for x in rows),
+              f"batch --timeout, {hold}: the others analysed")
+        left = [n for n in os.listdir(traces) if "big" in n or n.startswith(".")]
+        check(not left, f"batch --timeout, {hold}: no trace or temporary of the stopped analysis ({left})")
     os.remove(big)
 
     # A FIFO named as a recording is refused at once; open() would wait for

@@ -15,6 +15,7 @@
 // writes a second table: GIL waits by Python function, one row per
 // recording, process and function (perf maps from --perf-maps DIR).
 // --shard K/N analyses one share of the recordings (batch_inputs.h).
+// Each recording is analysed in a process of its own (batch_child.h).
 #pragma once
 
 #include <cstdint>
@@ -31,11 +32,7 @@ int batch_main(int argc, char** argv);
 // bomb past the bound or a failed write throws gilscan::Error.
 int unpack_zstd_archive(const std::string& in, const std::string& dir, uint64_t max_bytes);
 
-// Each recording is analysed by this executable run again as
-// `gilscan __batch-one FILE [options]` (batch_one_main), which prints one
-// JSON object: {"summary": ..., "date": ...} or {"error": ..., "write_error": ...}.
-// A recording that crashes its analysis takes only that process down.
-inline constexpr const char* kBatchOneCommand = "__batch-one";
-int batch_one_main(int argc, char** argv);
+// The most a .zst archive may unpack to unless --max-unpacked says otherwise.
+inline constexpr uint64_t kDefaultMaxUnpacked = 64ull << 30;
 
 }  // namespace gilscan
