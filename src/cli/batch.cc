@@ -19,6 +19,7 @@
 #include "gilscan/cli/options.h"
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
+#include "gilscan/output/output_checks.h"
 #include "gilscan/output/output_file.h"
 #include "gilscan/output/temp_files.h"
 #include "gilscan/output/utf8.h"

@@ -21,7 +21,7 @@
 #include "gilscan/cli/batch.h"
 #include "gilscan/cli/options.h"
 #include "gilscan/error.h"
-#include "gilscan/output/output_file.h"
+#include "gilscan/output/output_checks.h"
 #include "gilscan/output/utf8.h"
 
 namespace gilscan {

@@ -23,6 +23,7 @@
 #include "gilscan/cli/batch_child.h"
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/error.h"
+#include "gilscan/output/output_checks.h"
 #include "gilscan/output/output_file.h"
 #include "gilscan/cli/probe.h"
 #include "gilscan/cli/record.h"

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "gilscan/error.h"
+#include "gilscan/output/output_checks.h"
 #include "gilscan/output/output_file.h"
 #include "gilscan/output/temp_files.h"
 #include "support/test_util.h"
