@@ -3,6 +3,7 @@
 #include "gilscan/symbols/cfi_rules.h"
 #include "gilscan/symbols/debuginfo_cache.h"
 #include "gilscan/symbols/elf_note.h"
+#include "gilscan/symbols/mapping_memo.h"
 
 #include <bit>
 #include <cstring>
@@ -33,7 +34,6 @@ int perf_reg_to_dwarf(unsigned r) {
 struct DwarfUnwinder::Current {
     const Sample* sample = nullptr;
     const AddressSpace* as = nullptr;
-    ModuleCache* modules = nullptr;
     uint64_t sp = 0;
     Dwarf_Word regs[17] = {};
     bool have[17] = {};
@@ -41,75 +41,8 @@ struct DwarfUnwinder::Current {
     // passed as an exact pc (see unwind_fast).
     bool pc_override = false;
     uint64_t pc = 0;
-    // Modules of the mappings met lately, with their load bias: a stack's
-    // frames are mostly in a few binaries, and the shared ModuleCache takes
-    // a lock and searches a std::map by build-id (3% of a DWARF capture's
-    // instructions), bias_for the binary's PT_LOADs. A slot is found by the
-    // Mapping's address while the address space is unchanged (the same
-    // object, id and version: see keep_memo), else by what the module and
-    // bias are a function of: path and build-id (ModuleCache::get), start
-    // and pgoff (bias_for). The second way keeps the slots when the samples
-    // move between processes of one layout (a pool's workers), which share
-    // this Current.
-    static constexpr int kMemo = 8;
-    struct Memo {
-        const Mapping* map = nullptr;  // valid while keep_memo keeps it
-        bool used = false;
-        uint64_t start = 0, pgoff = 0;
-        std::string path, build_id;
-        const Module* mod = nullptr;
-        std::optional<uint64_t> bias;  // mod->bias_for(the mapping)
-    };
-    Memo memo[kMemo];
-    int memo_next = 0;
-    const AddressSpace* memo_as = nullptr;
-    uint64_t memo_id = 0, memo_version = 0;
-    // The mapping found last: a stack's consecutive frames are mostly in one
-    // binary, and AddressSpace::find walks a std::map of some hundred
-    // mappings (2% of a DWARF capture's instructions). Mappings never
-    // overlap (ProcessMaps cuts what a new one covers), so a pc inside this
-    // one is the mapping find() would return.
-    const Mapping* last_map = nullptr;
-    const Mapping* find(uint64_t addr) {
-        if (last_map && addr >= last_map->start && addr < last_map->end) return last_map;
-        const Mapping* m = as->find(addr);
-        if (m) last_map = m;
-        return m;
-    }
-    const Memo& memo_for(const Mapping& m) {
-        for (Memo& e : memo)
-            if (e.map == &m) return e;
-        for (Memo& e : memo)
-            if (e.used && e.start == m.start && e.pgoff == m.pgoff && e.path == m.path && e.build_id == m.build_id) {
-                e.map = &m;
-                return e;
-            }
-        Memo& e = memo[memo_next];
-        memo_next = (memo_next + 1) % kMemo;
-        e.map = &m;
-        e.used = true;
-        e.start = m.start;
-        e.pgoff = m.pgoff;
-        e.path = m.path;
-        e.build_id = m.build_id;
-        e.mod = modules->get(m);
-        e.bias = e.mod ? e.mod->bias_for(m) : std::nullopt;
-        return e;
-    }
-    const Module* module(const Mapping& m) { return memo_for(m).mod; }
-    // Before an unwind in `space`: the memo's Mapping pointers are valid
-    // only for the object they were found in, as it was. ProcessMaps bumps
-    // a space's version at every change (a copy made for a snapshot is
-    // changed, so bumped, at once) and gives each new space a new id, so
-    // the same object at the same id and version has the same mappings.
-    void keep_memo(const AddressSpace& space) {
-        if (memo_as == &space && memo_id == space.id && memo_version == space.version) return;
-        for (Memo& e : memo) e.map = nullptr;  // the contents stay: see memo_for
-        last_map = nullptr;
-        memo_as = &space;
-        memo_id = space.id;
-        memo_version = space.version;
-    }
+    // The mappings met lately, with their modules and biases.
+    MappingMemo maps;
 };
 
 struct DwarfUnwinder::Space {
@@ -172,9 +105,9 @@ bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_argp) {
 }
 
 bool read_file_word(DwarfUnwinder::Current* cur, Dwarf_Addr addr, Dwarf_Word* out) {
-    const Mapping* m = cur->find(addr);
+    const Mapping* m = cur->maps.find(addr);
     if (!m) return false;
-    const Module* mod = cur->module(*m);
+    const Module* mod = cur->maps.module(*m);
     if (!mod) return false;
     Bytes file = mod->elf->bytes();
     uint64_t off = addr - m->start + m->pgoff;
@@ -236,10 +169,10 @@ Frame make_frame(DwarfUnwinder::Current* cur, uint64_t pc, unsigned depth, void*
     Frame f;
     f.pc = pc;
     f.depth = depth;
-    f.mapping = cur->find(f.pc);
+    f.mapping = cur->maps.find(f.pc);
     f.dwfl = dwfl;
     if (f.mapping) {
-        const DwarfUnwinder::Current::Memo& e = cur->memo_for(*f.mapping);
+        const MappingMemo::Entry& e = cur->maps.entry(*f.mapping);
         f.module = e.mod;
         if (f.module) {
             if (e.bias) f.vaddr = f.pc - *e.bias;
@@ -303,7 +236,7 @@ DwarfUnwinder::Space* DwarfUnwinder::space_for(const AddressSpace& as) {
     }
     if (!sp->attached) {
         if (sp->reported.empty()) return nullptr;
-        sp->cur.modules = &modules_;
+        sp->cur.maps.bind(as, modules_);
         if (!dwfl_attach_state(sp->dwfl, nullptr, as.pid > 0 ? as.pid : 1, &kThreadCallbacks, &sp->cur))
             return nullptr;
         sp->attached = true;
@@ -476,10 +409,9 @@ UnwindStatus DwarfUnwinder::unwind(const AddressSpace& as, const Sample& s,
     Current& cur = sp->cur;
     // Per sample: the registers and where libdw restarts; the module memo
     // stays while the address space is unchanged.
-    cur.keep_memo(as);
+    cur.maps.bind(as, modules_);
     cur.sample = &s;
     cur.as = &as;
-    cur.modules = &modules_;
     cur.sp = 0;
     for (int r = 0; r < 17; ++r) {
         cur.regs[r] = 0;
