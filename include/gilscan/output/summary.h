@@ -1,5 +1,6 @@
 // Stage: the per-thread summary — a table on stdout (per4m style) and
-// `--summary-json FILE`.
+// `--summary-json FILE` (summary.cc builds and prints it, summary_json.cc
+// lays out the JSON).
 //
 //   FileSummary fs = build_summary(session, timeline.threads(), filter);
 //   print_summary_table(stdout, fs);
