@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <cstring>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,157 +28,20 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include "gilscan/symbols/debuginfo_cache.h"
+#include "support/debug_elf.h"
 #include "support/perf_writer.h"
 
 using namespace gilscan;
+using namespace gilscan::test;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kId = "0123456789abcdef0123456789abcdef01234567";
-
-struct Sec {
-    std::string name;
-    uint32_t type = SHT_PROGBITS;
-    uint64_t flags = 0;
-    std::vector<uint8_t> data;  // as it should read once inflated
-    bool compress = false;
-    uint64_t nobits_size = 0;
-    uint64_t align = 1;
+struct ScratchDir : gilscan::test::TempDir {
+    ScratchDir() : gilscan::test::TempDir("gilscan-dicache") {}
 };
-
-template <class T>
-void put(std::vector<uint8_t>& out, const T& v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    out.insert(out.end(), p, p + sizeof v);
-}
-
-std::vector<uint8_t> deflate(const std::vector<uint8_t>& in) {
-    uLongf n = compressBound(in.size());
-    std::vector<uint8_t> out(n);
-    REQUIRE(compress2(out.data(), &n, in.data(), in.size(), 6) == Z_OK);
-    out.resize(n);
-    return out;
-}
-
-// An ELF64 debug file: headers, one PT_LOAD, the sections in order, then
-// the section header table. `corrupt`: a compressed section's stream is cut.
-std::vector<uint8_t> make_elf(const std::vector<Sec>& secs, bool corrupt = false) {
-    std::vector<uint8_t> f(sizeof(Elf64_Ehdr));
-    Elf64_Phdr ph{};
-    ph.p_type = PT_LOAD;
-    ph.p_vaddr = 0x1000;
-    ph.p_memsz = 0x2000;
-    ph.p_align = 0x1000;
-    put(f, ph);
-    std::string shstr(1, '\0');
-    std::vector<Elf64_Shdr> sh(1);
-    for (const Sec& s : secs) {
-        Elf64_Shdr h{};
-        h.sh_name = static_cast<uint32_t>(shstr.size());
-        shstr += s.name + '\0';
-        h.sh_type = s.type;
-        h.sh_flags = s.flags | (s.compress ? SHF_COMPRESSED : 0);
-        h.sh_addralign = s.compress ? 8 : s.align;
-        while (f.size() % h.sh_addralign) f.push_back(0);
-        h.sh_offset = f.size();
-        if (s.type == SHT_NOBITS) {
-            h.sh_size = s.nobits_size;
-        } else if (s.compress) {
-            Elf64_Chdr ch{};
-            ch.ch_type = ELFCOMPRESS_ZLIB;
-            ch.ch_size = s.data.size();
-            ch.ch_addralign = s.align;
-            put(f, ch);
-            std::vector<uint8_t> z = deflate(s.data);
-            if (corrupt) z.resize(z.size() / 2);
-            f.insert(f.end(), z.begin(), z.end());
-            h.sh_size = f.size() - h.sh_offset;
-        } else {
-            f.insert(f.end(), s.data.begin(), s.data.end());
-            h.sh_size = s.data.size();
-        }
-        sh.push_back(h);
-    }
-    Elf64_Shdr strh{};
-    strh.sh_name = static_cast<uint32_t>(shstr.size());
-    shstr += ".shstrtab";
-    shstr += '\0';
-    strh.sh_type = SHT_STRTAB;
-    strh.sh_offset = f.size();
-    strh.sh_size = shstr.size();
-    strh.sh_addralign = 1;
-    f.insert(f.end(), shstr.begin(), shstr.end());
-    sh.push_back(strh);
-    while (f.size() % 8) f.push_back(0);
-    Elf64_Ehdr eh{};
-    std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
-    eh.e_ident[EI_CLASS] = ELFCLASS64;
-    eh.e_ident[EI_DATA] = ELFDATA2LSB;
-    eh.e_ident[EI_VERSION] = EV_CURRENT;
-    eh.e_type = ET_DYN;
-    eh.e_machine = EM_X86_64;
-    eh.e_version = EV_CURRENT;
-    eh.e_phoff = sizeof(Elf64_Ehdr);
-    eh.e_phentsize = sizeof(Elf64_Phdr);
-    eh.e_phnum = 1;
-    eh.e_shoff = f.size();
-    eh.e_ehsize = sizeof(Elf64_Ehdr);
-    eh.e_shentsize = sizeof(Elf64_Shdr);
-    eh.e_shnum = static_cast<uint16_t>(sh.size());
-    eh.e_shstrndx = static_cast<uint16_t>(sh.size() - 1);
-    for (const auto& h : sh) put(f, h);
-    std::memcpy(f.data(), &eh, sizeof eh);
-    return f;
-}
-
-std::vector<uint8_t> build_id_note(const std::string& hex) {
-    std::vector<uint8_t> n;
-    Elf64_Nhdr h{4, static_cast<uint32_t>(hex.size() / 2), NT_GNU_BUILD_ID};
-    put(n, h);
-    n.insert(n.end(), {'G', 'N', 'U', 0});
-    for (size_t i = 0; i < hex.size(); i += 2) n.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-    return n;
-}
-
-// A debug file like a -dbg package's: a build-id note, two compressed DWARF
-// sections (one large, barely compressible, so over the worth-it mark), a
-// plain one and a NOBITS one.
-std::vector<Sec> debug_sections(const std::string& id = kId, size_t info_bytes = 300000) {
-    std::mt19937 rng(7);
-    std::vector<uint8_t> info(info_bytes);
-    for (auto& b : info) b = static_cast<uint8_t>(rng() % 200);
-    std::vector<uint8_t> str;
-    for (int i = 0; i < 2000; ++i) {
-        std::string s = "name_" + std::to_string(i);
-        str.insert(str.end(), s.begin(), s.end());
-        str.push_back(0);
-    }
-    return {
-        {".note.gnu.build-id", SHT_NOTE, SHF_ALLOC, build_id_note(id), false, 0, 4},
-        {".text", SHT_NOBITS, SHF_ALLOC | SHF_EXECINSTR, {}, false, 0x1000, 16},
-        {".debug_info", SHT_PROGBITS, 0, info, true, 0, 1},
-        {".symtab_like", SHT_PROGBITS, 0, {1, 2, 3, 4, 5, 6, 7, 8, 9}, false, 0, 8},
-        {".debug_str", SHT_PROGBITS, SHF_MERGE | SHF_STRINGS, str, true, 0, 1},
-    };
-}
-
-struct TempDir : gilscan::test::TempDir {
-    TempDir() : gilscan::test::TempDir("gilscan-dicache") {}
-};
-
-void write_file(const fs::path& p, const std::vector<uint8_t>& b) {
-    std::ofstream o(p, std::ios::binary);
-    o.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-std::vector<uint8_t> read_file(const fs::path& p) {
-    std::ifstream i(p, std::ios::binary);
-    return std::vector<uint8_t>(std::istreambuf_iterator<char>(i), {});
-}
 
 // Section name -> (type, flags, bytes as libelf reads them, decompressed by libelf when compressed).
 struct Seen {
@@ -226,12 +88,12 @@ bool same(const std::map<std::string, Seen>& a, const std::map<std::string, Seen
 }  // namespace
 
 TEST_CASE("debuginfo cache: the inflated copy reads as libelf's own decompression, on one thread or two") {
-    TempDir dir;
+    ScratchDir dir;
     const fs::path in = dir.path / "in.debug";
     write_file(in, make_elf(debug_sections()));
     const int in_fd = ::open(in.c_str(), O_RDONLY);
     REQUIRE(in_fd >= 0);
-    CHECK(elf_build_id_hex(in_fd) == kId);
+    CHECK(elf_build_id_hex(in_fd) == kDebugId);
     std::vector<std::vector<uint8_t>> copies;
     for (unsigned threads : {1u, 2u}) {
         CAPTURE(threads);
@@ -248,7 +110,7 @@ TEST_CASE("debuginfo cache: the inflated copy reads as libelf's own decompressio
         // (Not a structured binding: clang 14 cannot capture one in doctest's lambda.)
         for (const auto& section : got) CHECK_MESSAGE(!(section.second.flags & SHF_COMPRESSED), section.first);
         const int of = ::open(out.c_str(), O_RDONLY);
-        CHECK(elf_build_id_hex(of) == kId);
+        CHECK(elf_build_id_hex(of) == kDebugId);
         ::close(of);
         copies.push_back(read_file(out));
     }
@@ -260,7 +122,7 @@ TEST_CASE("debuginfo cache: the inflated copy reads as libelf's own decompressio
 }
 
 TEST_CASE("debuginfo cache: nothing to gain or not ours to rewrite is left to libdw") {
-    TempDir dir;
+    ScratchDir dir;
     auto try_one = [&](const std::vector<uint8_t>& bytes) {
         const fs::path in = dir.path / "x.debug";
         write_file(in, bytes);
@@ -272,7 +134,7 @@ TEST_CASE("debuginfo cache: nothing to gain or not ours to rewrite is left to li
         return made;
     };
     CHECK(try_one(make_elf(debug_sections())));                 // (the baseline is made)
-    CHECK_FALSE(try_one(make_elf(debug_sections(kId, 1000))));  // under 64 KiB deflated: libdw's inflate is quick
+    CHECK_FALSE(try_one(make_elf(debug_sections(kDebugId, 1000))));  // under 64 KiB deflated: libdw's inflate is quick
     auto plain = debug_sections();
     for (auto& s : plain) s.compress = false;
     CHECK_FALSE(try_one(make_elf(plain)));                      // nothing compressed
@@ -287,7 +149,7 @@ TEST_CASE("debuginfo cache: nothing to gain or not ours to rewrite is left to li
 }
 
 TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never half made") {
-    TempDir dir;
+    ScratchDir dir;
     const fs::path cache = dir.path / "cache";
     const fs::path debug = dir.path / "lib.debug";
     write_file(debug, make_elf(debug_sections()));
@@ -300,17 +162,17 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
 
     set_debuginfo_cache("", 1);  // off: nothing
     std::string path;
-    CHECK(cached_debuginfo_fd(kId, debug, &path) == -1);
+    CHECK(cached_debuginfo_fd(kDebugId, debug, &path) == -1);
     CHECK_FALSE(fs::exists(cache));
 
     set_debuginfo_cache(cache.string(), 2);
     // A debug file whose own build-id is another: not cached under this one.
-    CHECK(cached_debuginfo_fd("ffff" + kId.substr(4), debug, &path) == -1);
+    CHECK(cached_debuginfo_fd("ffff" + kDebugId.substr(4), debug, &path) == -1);
     CHECK(count_files() == 0);
 
-    int fd = cached_debuginfo_fd(kId, debug, &path);
+    int fd = cached_debuginfo_fd(kDebugId, debug, &path);
     REQUIRE(fd >= 0);
-    CHECK(path == (cache / (kId + ".debug")).string());
+    CHECK(path == (cache / (kDebugId + ".debug")).string());
     CHECK(same(sections_by_libelf(path), sections_by_libelf(debug)));
     struct stat first {};
     ::fstat(fd, &first);
@@ -319,7 +181,7 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
 
     // Made once: with the debug file gone, the entry still answers.
     fs::remove(debug);
-    fd = cached_debuginfo_fd(kId, debug, &path);
+    fd = cached_debuginfo_fd(kDebugId, debug, &path);
     REQUIRE(fd >= 0);
     struct stat again {};
     ::fstat(fd, &again);
@@ -328,15 +190,15 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
 
     // A damaged entry is not used: it is made again from the debug file.
     write_file(path, std::vector<uint8_t>(1000, 0));
-    CHECK(cached_debuginfo_fd(kId, debug, &path) == -1);  // (no debug file to remake it from)
+    CHECK(cached_debuginfo_fd(kDebugId, debug, &path) == -1);  // (no debug file to remake it from)
     write_file(debug, make_elf(debug_sections()));
-    fd = cached_debuginfo_fd(kId, debug, &path);
+    fd = cached_debuginfo_fd(kDebugId, debug, &path);
     REQUIRE(fd >= 0);
     ::close(fd);
     CHECK(same(sections_by_libelf(path), sections_by_libelf(debug)));
 
     // A corrupt debug file makes no entry and leaves no temporary behind.
-    const std::string other = "aa" + kId.substr(2);
+    const std::string other = "aa" + kDebugId.substr(2);
     write_file(debug, make_elf(debug_sections(other), true));
     CHECK(cached_debuginfo_fd(other, debug, &path) == -1);
     CHECK(count_files() == 1);
@@ -344,7 +206,7 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
     // A file size limit under the entry's size (RLIMIT_FSIZE, SIGXFSZ
     // ignored): no entry and no temporary.
     {
-        const std::string third = "bb" + kId.substr(2);
+        const std::string third = "bb" + kDebugId.substr(2);
         write_file(debug, make_elf(debug_sections(third)));
         struct rlimit old {};
         REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
@@ -373,7 +235,7 @@ TEST_CASE("debuginfo cache: an entry per build-id, made once, checked, never hal
             MESSAGE("not root: the full-disk case is not run");
         } else {
             set_debuginfo_cache(small.string(), 1);
-            const std::string fourth = "cc" + kId.substr(2);
+            const std::string fourth = "cc" + kDebugId.substr(2);
             write_file(debug, make_elf(debug_sections(fourth)));
             CHECK(cached_debuginfo_fd(fourth, debug, &path) == -1);
             size_t left = 0;
@@ -407,7 +269,7 @@ int64_t mtime_of(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("debuginfo cache: pruned to its limit, least recently used first, never the entry just made") {
-    TempDir dir;
+    ScratchDir dir;
     const fs::path cache = dir.path / "c";
     fs::create_directories(cache);
     const int64_t day = 24 * 3600;
@@ -453,11 +315,11 @@ TEST_CASE("debuginfo cache: pruned to its limit, least recently used first, neve
 }
 
 TEST_CASE("debuginfo cache: making an entry applies the limit; using one marks it used") {
-    TempDir dir;
+    ScratchDir dir;
     const fs::path cache = dir.path / "cache";
     const fs::path debug = dir.path / "lib.debug";
     std::string path;
-    const std::string first = "d1" + kId.substr(2), second = "d2" + kId.substr(2);
+    const std::string first = "d1" + kDebugId.substr(2), second = "d2" + kDebugId.substr(2);
 
     // A limit of one byte: every entry made leaves only itself.
     set_debuginfo_cache(cache.string(), 1, 1);
@@ -510,7 +372,7 @@ TEST_CASE("debuginfo cache: reading the settings never waits for an entry being 
     // the cache's lock for making entries; the directory is read meanwhile
     // by each analysis starting (its kernel symbols' cache). Modelled by a
     // debug file that is a FIFO: opening it blocks until a writer comes.
-    TempDir dir;
+    ScratchDir dir;
     const fs::path cache = dir.path / "cache";
     const fs::path fifo = dir.path / "slow.debug";
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -518,7 +380,7 @@ TEST_CASE("debuginfo cache: reading the settings never waits for an entry being 
     std::atomic<long> tid{0};
     auto maker = std::async(std::launch::async, [&] {
         tid = ::syscall(SYS_gettid);
-        return cached_debuginfo_fd(kId, fifo.string(), nullptr);
+        return cached_debuginfo_fd(kDebugId, fifo.string(), nullptr);
     });
     // Until the maker is inside open() (its lock held), as /proc says.
     auto in_open = [&] {
