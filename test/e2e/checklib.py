@@ -15,6 +15,13 @@ def check(cond, what):
         print("FAIL:", what, flush=True)
 
 
+def runner(gilscan):
+    """run(*args, **kw): gilscan run with those arguments, its output
+    captured as text (kw as subprocess.run's: env, timeout...)."""
+    import subprocess
+    return lambda *args, **kw: subprocess.run([gilscan, *args], capture_output=True, text=True, **kw)
+
+
 def remove_perf_maps_of(script):
     """Removes the /tmp/perf-PID.map files that name functions of script (an
     absolute path): the maps a test's Python programs left (CPython 3.12+

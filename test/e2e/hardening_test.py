@@ -19,13 +19,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, done  # noqa: E402
+from checklib import check, done, runner  # noqa: E402
 
 GILSCAN, PERFGEN, DATA = (os.path.abspath(a) for a in sys.argv[1:4])
 
-
-def run(*args, **kw):
-    return subprocess.run([GILSCAN, *args], capture_output=True, text=True, **kw)
+run = runner(GILSCAN)
 
 
 def analysing_process(batch, recording, sig=None):

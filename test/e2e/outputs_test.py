@@ -17,13 +17,11 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import check, done  # noqa: E402
+from checklib import check, done, runner  # noqa: E402
 
 GILSCAN, DATA = sys.argv[1], sys.argv[2]
 
-
-def run(*args):
-    return subprocess.run([GILSCAN, *args], capture_output=True, text=True)
+run = runner(GILSCAN)
 
 
 with tempfile.TemporaryDirectory() as tmp:
