@@ -303,7 +303,7 @@ int batch_main(int argc, char** argv) {
         if (tty) {
             const int width = 30;
             int filled = static_cast<int>(width * d / n);
-            std::fprintf(stderr, "\r[%s%s] %zu/%zu recordings, %zu unreadable", std::string(filled, '#').c_str(),
+            std::fprintf(stderr, "\r[%s%s] %zu/%zu recordings, %zu failed", std::string(filled, '#').c_str(),
                          std::string(width - filled, '.').c_str(), d, n, failed.load());
             if (d == n) std::fputc('\n', stderr);
         }
@@ -335,7 +335,7 @@ int batch_main(int argc, char** argv) {
     if (!opt.shard.all())
         std::fprintf(stderr, "gilscan batch: share %u/%u: %zu of %zu recordings\n", opt.shard.k, opt.shard.n,
                      inputs.size(), every.size());
-    std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu unreadable, %zu rows%s\n", inputs.size(),
+    std::fprintf(stderr, "gilscan batch: %zu recordings, %zu read, %zu failed, %zu rows%s\n", inputs.size(),
                  inputs.size() - failed.load() - write_failures, failed.load(), row_count,
                  write_failures ? (", " + std::to_string(write_failures) + " trace(s) not written").c_str() : "");
     return (!inputs.empty() && failed.load() == inputs.size()) || write_failures ? 1 : 0;
