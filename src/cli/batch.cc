@@ -30,15 +30,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Result = BatchResult;
-
 const char* kColumns[] = {"recording", "error",      "host",        "cmdline",     "date",       "pid",
                           "tid",       "comm",       "main_thread", "span_us",     "running_us", "runnable_us",
                           "sleep_us",  "sleep_count", "gil_sleep_us", "gil_wait_us", "gil_hold_us", "no_gil_us",
                           "lost_events", "lost_samples", "warnings"};
 
 // `all`: summary_json() of the recording (null for one that could not be read).
-std::vector<nlohmann::json> rows_of(const Result& r, const nlohmann::json& all) {
+std::vector<nlohmann::json> rows_of(const BatchResult& r, const nlohmann::json& all) {
     using nlohmann::json;
     std::vector<json> rows;
     auto base = [&]() {
@@ -83,7 +81,7 @@ std::vector<nlohmann::json> rows_of(const Result& r, const nlohmann::json& all) 
 // (FileSummary::gil_functions, as --summary-json has them).
 const char* kFunctionColumns[] = {"recording", "pid", "function", "sleep_count", "sleep_us"};
 
-std::vector<nlohmann::json> function_rows_of(const Result& r, const nlohmann::json& all) {
+std::vector<nlohmann::json> function_rows_of(const BatchResult& r, const nlohmann::json& all) {
     std::vector<nlohmann::json> rows;
     if (!r.error.empty()) return rows;  // its error is in the summary rows
     for (const auto& f : all.value("gil_functions", nlohmann::json::array())) {
@@ -100,7 +98,7 @@ std::vector<nlohmann::json> function_rows_of(const Result& r, const nlohmann::js
 const char* kBlameColumns[] = {"recording", "pid",        "function",   "native",  "module",   "contended_us",
                                "on_cpu_us", "off_cpu_us", "hold_us",    "threads", "held_while_blocked", "inferred"};
 
-std::vector<nlohmann::json> blame_rows_of(const Result& r, const nlohmann::json& all) {
+std::vector<nlohmann::json> blame_rows_of(const BatchResult& r, const nlohmann::json& all) {
     std::vector<nlohmann::json> rows;
     if (!r.error.empty()) return rows;
     for (const auto& b : all.value("gil_blame", nlohmann::json::array())) {
@@ -160,9 +158,9 @@ struct BatchOptions {
 constexpr const char* kAbout =
     "Analyses many recordings (files, or directories searched for *.data, *.data.zst,\n"
     "perf.data*) in parallel, each in a process of its own: one summary row per recording\n"
-    "and thread. A recording that cannot be read, or whose analysis crashes, is a row\n"
-    "with its error; the exit status is 1 if nothing could be read or anything could not\n"
-    "be written.";
+    "and thread. A recording that cannot be read, or whose analysis crashes or outlasts\n"
+    "--timeout, is a row with its error; the exit status is 1 if nothing could be read or\n"
+    "anything could not be written.";
 
 // Returns nullopt for --help (printed).
 std::optional<BatchOptions> parse_batch_args(int argc, char** argv) {
@@ -245,7 +243,7 @@ void print_or_write(const std::unique_ptr<OutputFile>& out, const std::string& t
 
 // The tables, rows in input order whatever order the workers finished in;
 // each recording's error said. Returns how many traces could not be written.
-size_t write_tables(const BatchOptions& opt, const std::vector<Result>& results, size_t& row_count) {
+size_t write_tables(const BatchOptions& opt, const std::vector<BatchResult>& results, size_t& row_count) {
     std::vector<nlohmann::json> rows, function_rows, blame_rows;
     size_t write_failures = 0;
     for (const auto& r : results) {
@@ -293,7 +291,7 @@ int batch_main(int argc, char** argv) {
     remove_temporaries_on_signals();
     if (!opt.traces_dir.empty()) fs::create_directories(opt.traces_dir);
 
-    std::vector<Result> results(inputs.size());
+    std::vector<BatchResult> results(inputs.size());
     std::atomic<size_t> next{0}, done{0}, failed{0};
     std::mutex progress_mu;
     const bool tty = ::isatty(2);
@@ -314,7 +312,7 @@ int batch_main(int argc, char** argv) {
         std::max(1u, opt.jobs / static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(opt.jobs, inputs.size()))));
     auto worker = [&]() {
         for (size_t i = next++; i < inputs.size(); i = next++) {
-            Result& r = results[i];
+            BatchResult& r = results[i];
             r.path = inputs[i].path;
             try {
                 analyse_in_child(one_args(opt, r.path, inputs[i].index, each), opt.timeout_s, r);
