@@ -3,43 +3,11 @@
 #include <string>
 
 #include "gilscan/perfdata/cursor.h"
+#include "gilscan/symbols/dwarf_cfi.h"
 
 namespace gilscan {
 
 namespace {
-
-// DWARF pointer encodings used by .eh_frame (DW_EH_PE_*).
-uint64_t read_encoded(Cursor& c, uint8_t enc, uint64_t field_vaddr, uint64_t datarel_base) {
-    int64_t v = 0;
-    switch (enc & 0x0f) {
-    case 0x00: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // absptr
-    case 0x03: v = c.read<uint32_t>(); break;                        // udata4
-    case 0x04: v = static_cast<int64_t>(c.read<uint64_t>()); break;  // udata8
-    case 0x0b: v = c.read<int32_t>(); break;                         // sdata4
-    case 0x0c: v = c.read<int64_t>(); break;                         // sdata8
-    case 0x02: v = c.read<uint16_t>(); break;                        // udata2
-    case 0x0a: v = c.read<int16_t>(); break;                         // sdata2
-    default: c.fail("unsupported pointer encoding " + std::to_string(enc));
-    }
-    switch (enc & 0x70) {
-    case 0x10: v += static_cast<int64_t>(field_vaddr); break;   // pcrel
-    case 0x30: v += static_cast<int64_t>(datarel_base); break;  // datarel
-    default: break;
-    }
-    return static_cast<uint64_t>(v);
-}
-
-uint64_t uleb(Cursor& c) {
-    uint64_t v = 0;
-    for (unsigned shift = 0; shift < 64; shift += 7) {
-        uint8_t b = c.read<uint8_t>();
-        v |= static_cast<uint64_t>(b & 0x7f) << shift;
-        if (!(b & 0x80)) return v;
-    }
-    c.fail("overlong LEB128");
-}
-
-void sleb(Cursor& c) { uleb(c); }
 
 // Cursor positioned at a virtual address of a file-backed section.
 std::optional<Cursor> cursor_at(const ElfFile& elf, uint64_t vaddr, uint64_t max) {
@@ -57,8 +25,8 @@ uint64_t fde_for(const ElfFile& elf, uint64_t pc) {
     if (!c) return 0;
     if (c->read<uint8_t>() != 1) return 0;
     uint8_t ptr_enc = c->read<uint8_t>(), count_enc = c->read<uint8_t>(), table_enc = c->read<uint8_t>();
-    read_encoded(*c, ptr_enc, hdr->addr + c->pos(), hdr->addr);
-    uint64_t count = read_encoded(*c, count_enc, hdr->addr + c->pos(), hdr->addr);
+    read_encoded_pointer(*c, ptr_enc, hdr->addr + c->pos(), hdr->addr);
+    uint64_t count = read_encoded_pointer(*c, count_enc, hdr->addr + c->pos(), hdr->addr);
     if (table_enc != 0x3b) return 0;  // datarel|sdata4: what every linker writes
     c->check_count(count, 8, "eh_frame_hdr table");
     const size_t table = c->pos();
@@ -107,31 +75,9 @@ std::optional<Cursor> entry_at(const ElfFile& elf, uint64_t at) {
 std::optional<Cie> read_cie(const ElfFile& elf, uint64_t at) {
     auto ci = entry_at(elf, at);
     if (!ci) return std::nullopt;
-    if (ci->read<uint32_t>() != 0) return std::nullopt;  // CIE id
-    uint8_t version = ci->read<uint8_t>();
-    std::string aug(ci->cstring());
-    uleb(*ci);  // code alignment
-    sleb(*ci);  // data alignment
-    if (version == 1) ci->read<uint8_t>();
-    else uleb(*ci);  // return address register
-    Cie out;
-    if (!aug.empty() && aug[0] == 'z') {
-        out.z = true;
-        const uint64_t data = uleb(*ci);
-        const size_t fields = ci->pos();
-        ci->skip(data);  // checked: the data lies inside the CIE
-        const size_t instructions = ci->pos();
-        ci->seek(fields);
-        for (char a : aug.substr(1)) {
-            if (a == 'R') out.fde_enc = ci->read<uint8_t>();
-            else if (a == 'P') read_encoded(*ci, ci->read<uint8_t>(), 0, 0);
-            else if (a == 'L') ci->read<uint8_t>();
-            else if (a != 'S' && a != 'B') return std::nullopt;  // unknown: its data's meaning too
-        }
-        ci->seek(instructions);
-    }
-    out.standard = standard_rules(ci->bytes(ci->left()));
-    return out;
+    const std::optional<CieHeader> h = read_cie_header(*ci);
+    if (!h) return std::nullopt;
+    return Cie{h->fde_enc, h->z, standard_rules(h->instructions)};
 }
 
 // What the frame is where the FDE starts: its first instruction (after the
@@ -139,7 +85,7 @@ std::optional<Cie> read_cie(const ElfFile& elf, uint64_t at) {
 // or restates rules before any advance (code inside another frame).
 Fde::Frame frame_at_start(Cursor& f, const Cie& cie) {
     if (!cie.standard) return Fde::Unknown;
-    if (cie.z) f.skip(uleb(f));
+    if (cie.z) f.skip(read_uleb128(f));
     while (f.left()) {
         const uint8_t op = f.read<uint8_t>();
         if (op == 0x00) continue;                                          // DW_CFA_nop
@@ -162,8 +108,8 @@ std::optional<Fde> fde_at(const ElfFile& elf, uint64_t pc) {
         if (cie_ptr == 0 || cie_ptr > cie_field) return std::nullopt;
         auto cie = read_cie(elf, cie_field - cie_ptr);
         if (!cie) return std::nullopt;
-        uint64_t begin = read_encoded(*f, cie->fde_enc, fde + f->pos(), 0);
-        uint64_t range = read_encoded(*f, static_cast<uint8_t>(cie->fde_enc & 0x0f), 0, 0);
+        uint64_t begin = read_encoded_pointer(*f, cie->fde_enc, fde + f->pos(), 0);
+        uint64_t range = read_encoded_pointer(*f, static_cast<uint8_t>(cie->fde_enc & 0x0f), 0, 0);
         if (pc < begin || pc - begin >= range) return std::nullopt;
         return Fde{begin, begin + range, frame_at_start(*f, *cie)};
     } catch (const Error&) {

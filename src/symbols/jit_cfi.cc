@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gilscan/error.h"
+#include "gilscan/symbols/dwarf_cfi.h"
 
 namespace gilscan {
 
@@ -18,50 +19,8 @@ constexpr uint8_t DW_CFA_nop = 0x00, DW_CFA_advance_loc1 = 0x02, DW_CFA_advance_
                   DW_CFA_def_cfa_offset = 0x0e, DW_CFA_offset_extended_sf = 0x11, DW_CFA_def_cfa_sf = 0x12,
                   DW_CFA_def_cfa_offset_sf = 0x13, DW_CFA_val_offset = 0x14, DW_CFA_val_offset_sf = 0x15,
                   DW_CFA_GNU_args_size = 0x2e, DW_CFA_GNU_negative_offset_extended = 0x2f;
-constexpr uint8_t DW_EH_PE_omit = 0xff;
 
 struct Unsupported {};  // not the subset jit_cfi.h reads: no rows
-
-uint64_t uleb(Cursor& c) {
-    uint64_t v = 0;
-    for (unsigned shift = 0;; shift += 7) {
-        const uint8_t b = c.read<uint8_t>();
-        if (shift < 64) v |= static_cast<uint64_t>(b & 0x7f) << shift;
-        if (!(b & 0x80)) return v;
-        if (shift > 63) throw Unsupported{};
-    }
-}
-
-int64_t sleb(Cursor& c) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b;
-    do {
-        b = c.read<uint8_t>();
-        if (shift < 64) v |= static_cast<int64_t>(static_cast<uint64_t>(b & 0x7f) << shift);
-        shift += 7;
-        if (shift > 70) throw Unsupported{};
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= static_cast<int64_t>(~uint64_t{0} << shift);
-    return v;
-}
-
-// An encoded pointer's value as stored (DW_EH_PE_*: the low 4 bits are its
-// format; what it is relative to does not matter here).
-uint64_t encoded(Cursor& c, uint8_t enc) {
-    switch (enc & 0x0f) {
-    case 0x00: return c.read<uint64_t>();                                            // absptr (x86-64)
-    case 0x01: return uleb(c);                                                       // uleb128
-    case 0x02: return c.read<uint16_t>();                                            // udata2
-    case 0x03: return c.read<uint32_t>();                                            // udata4
-    case 0x04: return c.read<uint64_t>();                                            // udata8
-    case 0x09: return static_cast<uint64_t>(sleb(c));                                // sleb128
-    case 0x0a: return static_cast<uint64_t>(static_cast<int16_t>(c.read<uint16_t>()));  // sdata2
-    case 0x0b: return static_cast<uint64_t>(static_cast<int32_t>(c.read<uint32_t>()));  // sdata4
-    case 0x0c: return c.read<uint64_t>();                                            // sdata8
-    default: throw Unsupported{};
-    }
-}
 
 // v * align, wrapping as the unwinder's unsigned address arithmetic does
 // (a damaged FDE's huge factored offset must not be signed overflow).
@@ -106,13 +65,7 @@ CfiRule rule_of(const State& s) {
     return rule;
 }
 
-struct Cie {
-    uint64_t code_align = 1;
-    int64_t data_align = -8;
-    uint8_t fde_enc = 0;  // absptr
-    bool augmented = false;
-    Bytes instructions;
-};
+using Cie = CieHeader;
 
 // Runs instructions from state s. With rows, each location's state is
 // appended as a row (a CIE's initial instructions have none: no advance).
@@ -135,7 +88,7 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
         } else if (high == DW_CFA_offset) {
             const int r = reg_of(low);
             s.kind[r] = CfiRule::AtCfa;
-            s.offset[r] = scaled(uleb(c), cie.data_align);
+            s.offset[r] = scaled(read_uleb128(c), cie.data_align);
         } else if (high == DW_CFA_restore) {
             const int r = reg_of(low);  // checked before initial's registers are read
             s.kind[r] = initial.kind[r];
@@ -147,43 +100,43 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
             case DW_CFA_advance_loc2: advance(c.read<uint16_t>()); break;
             case DW_CFA_advance_loc4: advance(c.read<uint32_t>()); break;
             case DW_CFA_offset_extended: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = scaled(uleb(c), cie.data_align);
+                s.offset[r] = scaled(read_uleb128(c), cie.data_align);
                 break;
             }
             case DW_CFA_offset_extended_sf: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
+                s.offset[r] = scaled(static_cast<uint64_t>(read_sleb128(c)), cie.data_align);
                 break;
             }
             case DW_CFA_GNU_negative_offset_extended: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = CfiRule::AtCfa;
-                s.offset[r] = scaled(0 - uleb(c), cie.data_align);
+                s.offset[r] = scaled(0 - read_uleb128(c), cie.data_align);
                 break;
             }
             case DW_CFA_val_offset: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = CfiRule::ValCfa;
-                s.offset[r] = scaled(uleb(c), cie.data_align);
+                s.offset[r] = scaled(read_uleb128(c), cie.data_align);
                 break;
             }
             case DW_CFA_val_offset_sf: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = CfiRule::ValCfa;
-                s.offset[r] = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
+                s.offset[r] = scaled(static_cast<uint64_t>(read_sleb128(c)), cie.data_align);
                 break;
             }
             case DW_CFA_restore_extended: {
-                const int r = reg_of(uleb(c));
+                const int r = reg_of(read_uleb128(c));
                 s.kind[r] = initial.kind[r];
                 s.offset[r] = initial.offset[r];
                 break;
             }
-            case DW_CFA_undefined: s.kind[reg_of(uleb(c))] = CfiRule::Undefined; break;
-            case DW_CFA_same_value: s.kind[reg_of(uleb(c))] = CfiRule::Same; break;
+            case DW_CFA_undefined: s.kind[reg_of(read_uleb128(c))] = CfiRule::Undefined; break;
+            case DW_CFA_same_value: s.kind[reg_of(read_uleb128(c))] = CfiRule::Same; break;
             case DW_CFA_remember_state:
                 if (saved.size() >= 64) throw Unsupported{};
                 saved.push_back(s);
@@ -195,54 +148,30 @@ void run(Bytes ins, const Cie& cie, const State& initial, State& s, uint64_t& lo
                 break;
             }
             case DW_CFA_def_cfa:
-                s.cfa_reg = static_cast<uint8_t>(reg_of(uleb(c)));
-                s.cfa_offset = static_cast<int64_t>(uleb(c));
+                s.cfa_reg = static_cast<uint8_t>(reg_of(read_uleb128(c)));
+                s.cfa_offset = static_cast<int64_t>(read_uleb128(c));
                 break;
             case DW_CFA_def_cfa_sf:
-                s.cfa_reg = static_cast<uint8_t>(reg_of(uleb(c)));
-                s.cfa_offset = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align);
+                s.cfa_reg = static_cast<uint8_t>(reg_of(read_uleb128(c)));
+                s.cfa_offset = scaled(static_cast<uint64_t>(read_sleb128(c)), cie.data_align);
                 break;
-            case DW_CFA_def_cfa_register: s.cfa_reg = static_cast<uint8_t>(reg_of(uleb(c))); break;
-            case DW_CFA_def_cfa_offset: s.cfa_offset = static_cast<int64_t>(uleb(c)); break;
-            case DW_CFA_def_cfa_offset_sf: s.cfa_offset = scaled(static_cast<uint64_t>(sleb(c)), cie.data_align); break;
-            case DW_CFA_GNU_args_size: uleb(c); break;
+            case DW_CFA_def_cfa_register: s.cfa_reg = static_cast<uint8_t>(reg_of(read_uleb128(c))); break;
+            case DW_CFA_def_cfa_offset: s.cfa_offset = static_cast<int64_t>(read_uleb128(c)); break;
+            case DW_CFA_def_cfa_offset_sf: s.cfa_offset = scaled(static_cast<uint64_t>(read_sleb128(c)), cie.data_align); break;
+            case DW_CFA_GNU_args_size: read_uleb128(c); break;
             default: throw Unsupported{};  // expressions, register rules, set_loc, vendor ops
             }
         }
     }
 }
 
+// The subset this reader takes: x86-64's return address column, no signal frame.
 Cie read_cie(Cursor& c, uint64_t length) {
-    Cursor b(c.bytes(length), false, nullptr, 0);
-    if (b.read<uint32_t>() != 0) throw Unsupported{};  // CIE id 0 in .eh_frame
-    const uint8_t version = b.read<uint8_t>();
-    if (version != 1 && version != 3) throw Unsupported{};
-    const std::string_view aug = b.cstring();
-    Cie cie;
-    cie.code_align = uleb(b);
-    cie.data_align = sleb(b);
-    const uint64_t ra = version == 1 ? b.read<uint8_t>() : uleb(b);
-    if (ra != CfiRule::kRa) throw Unsupported{};
-    if (!aug.empty()) {
-        if (aug[0] != 'z') throw Unsupported{};
-        cie.augmented = true;
-        const uint64_t n = uleb(b);
-        Cursor a(b.bytes(n), false, nullptr, 0);
-        for (char ch : aug.substr(1)) {
-            if (ch == 'R') cie.fde_enc = a.read<uint8_t>();
-            else if (ch == 'L') a.read<uint8_t>();  // the LSDA's encoding: its pointer is in each FDE's augmentation
-            else if (ch == 'P') {
-                const uint8_t enc = a.read<uint8_t>();
-                if (enc != DW_EH_PE_omit) encoded(a, enc);
-            } else if (ch == 'S') {
-                throw Unsupported{};  // a signal frame's caller pc is exact: not for this fast path
-            } else {
-                throw Unsupported{};
-            }
-        }
-    }
-    cie.instructions = b.rest();
-    return cie;
+    const uint64_t at = c.offset();
+    Cursor b(c.bytes(length), false, c.file(), at);
+    const std::optional<CieHeader> cie = read_cie_header(b);
+    if (!cie || cie->ra_reg != CfiRule::kRa || cie->signal_frame) throw Unsupported{};
+    return *cie;
 }
 
 }  // namespace
@@ -264,9 +193,9 @@ std::vector<JitCfiRow> jit_cfi_rows(const JitCode& code) {
         Cursor f(c.bytes(fde_len), false, &name, fde_at + 4);
         const uint32_t cie_ptr = f.read<uint32_t>();
         if (cie_ptr != fde_at + 4) return rows;  // not the CIE above (its pointer is the distance back to it)
-        encoded(f, cie.fde_enc);  // pc_begin: the code's start, wherever the JIT meant the .eh_frame to lie
-        const uint64_t range = encoded(f, cie.fde_enc & 0x0f);
-        if (cie.augmented) f.skip(uleb(f));
+        read_encoded_pointer(f, cie.fde_enc);  // pc_begin: the code's start, wherever the JIT meant the .eh_frame to lie
+        const uint64_t range = read_encoded_pointer(f, static_cast<uint8_t>(cie.fde_enc & 0x0f));
+        if (cie.z) f.skip(read_uleb128(f));
         State initial = abi_initial();
         uint64_t loc = 0;
         run(cie.instructions, cie, abi_initial(), initial, loc, nullptr, name);
