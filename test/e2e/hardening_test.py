@@ -65,11 +65,18 @@ def ptrace_stop(pid):
     SIGKILL ends it while this process lives. Returns the threads held."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-    held = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        if libc.ptrace(16, int(tid), None, None) == 0:  # PTRACE_ATTACH: the thread stops, never resumed
-            held.append(int(tid))
-    return held
+    held, tried = [], set()
+    while True:  # again until no thread is new: one not yet held may have started another
+        try:
+            new = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - tried
+        except OSError:
+            return held
+        if not new:
+            return held
+        for tid in new:
+            tried.add(tid)
+            if libc.ptrace(16, tid, None, None) == 0:  # PTRACE_ATTACH: the thread stops, never resumed
+                held.append(tid)
 
 
 def reap_traced(held):
