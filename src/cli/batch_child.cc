@@ -22,6 +22,7 @@
 #include "gilscan/cli/options.h"
 #include "gilscan/error.h"
 #include "gilscan/output/output_checks.h"
+#include "gilscan/output/temp_files.h"
 #include "gilscan/output/utf8.h"
 
 namespace gilscan {
@@ -29,11 +30,6 @@ namespace gilscan {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string temp_dir() {
-    const char* t = std::getenv("TMPDIR");
-    return t && *t ? t : "/tmp";
-}
 
 std::string signal_name(int sig) {
     const char* d = ::sigdescr_np(sig);

@@ -13,6 +13,7 @@
 
 #include "gilscan/cli/record_run.h"
 #include "gilscan/error.h"
+#include "gilscan/output/temp_files.h"
 
 namespace gilscan {
 
@@ -137,8 +138,7 @@ void remove_stale_hooks(const std::string& tmp) {
 }  // namespace
 
 ThreadNameHook::ThreadNameHook() {
-    const char* tmp_env = std::getenv("TMPDIR");
-    const std::string tmp = tmp_env && *tmp_env ? tmp_env : "/tmp";
+    const std::string tmp = temp_dir();
     remove_stale_hooks(tmp);
     std::string pattern = tmp + "/gilscan-hook-" + std::to_string(::getpid()) + "-XXXXXX";
     if (!::mkdtemp(pattern.data())) fail("cannot make the thread-name hook's directory " + pattern + ": " + std::strerror(errno));

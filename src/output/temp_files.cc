@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fcntl.h>
@@ -52,6 +53,11 @@ void on_fatal_signal(int sig) {
 }
 
 }  // namespace
+
+std::string temp_dir() {
+    const char* t = std::getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
 
 std::string random_hex() {
     unsigned char b[8];

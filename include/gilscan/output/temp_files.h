@@ -25,6 +25,9 @@ namespace gilscan {
 // 16 lowercase hex digits from getrandom(2).
 std::string random_hex();
 
+// Where scratch files go: $TMPDIR when set and not empty, else /tmp.
+std::string temp_dir();
+
 // -1 with errno set when no file could be made (after a few EEXIST retries).
 int create_named_temporary(const std::string& dir, const std::string& base, int flags, mode_t mode,
                            std::string* name);
