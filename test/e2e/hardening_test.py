@@ -79,6 +79,15 @@ def ptrace_stop(pid):
                 held.append(tid)
 
 
+def kill_quietly(pid):
+    """SIGKILL to pid when there is one and it has not ended."""
+    try:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def reap_traced(held):
     """Collects what the held threads report (their deaths above all:
     batch, their parent, can wait for them only once their tracer has)."""
@@ -164,8 +173,7 @@ with tempfile.TemporaryDirectory() as tmp:
         out, err = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
         p.kill()
-        if child is not None:
-            os.kill(child, signal.SIGKILL)
+        kill_quietly(child)
         out, err = p.communicate()
         err += f"\n(batch still running after 300 s; its analysing process {child} was sent SIGSEGV)"
     rows = [json.loads(ln) for ln in open(os.path.join(tmp, "rows2.jsonl"))] if p.returncode == 0 else []
@@ -212,7 +220,7 @@ with tempfile.TemporaryDirectory() as tmp:
         took = time.time() - start
         if p.poll() is None:  # batch did not stop it: the check below fails
             p.kill()
-            os.kill(child, signal.SIGKILL)
+            kill_quietly(child)
             reap_traced(held)
         out, err = p.communicate(timeout=60)
         rows = [json.loads(ln) for ln in open(os.path.join(tmp, "rows4.jsonl"))] if p.returncode == 0 else []
